@@ -1,0 +1,169 @@
+"""The plan: nodes, names, addresses and the per-pair link matrix, as pure data.
+
+`make_plan(topology)` decides everything a backend needs — namespace names, addresses, queue sizes,
+TCP buffer sysctls — without touching the system, so it can be printed, saved with a run, and tested.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field, replace
+from typing import Optional
+
+from .topology import LinkSpec, Topology
+
+# Everything we create on the system carries this prefix (namespaces, links, cgroups, run files).
+# Tests and parallel CI jobs may pick their own with WANBENCH_PREFIX so they never touch each other.
+DEFAULT_PREFIX = "wanb"
+PREFIX_PATTERN = re.compile(r"^[a-z][a-z0-9]{1,5}$")
+
+# The delay line and TCP need room for a full bandwidth-delay product; below this a queue cannot
+# even absorb one TSO burst (64 KB segments) per flow.
+MIN_AUTO_QUEUE_BYTES = 256 * 1024
+# Linux's own default TCP buffer maxima (tcp_rmem[2] = 6 MB); we only ever raise them.
+DEFAULT_TCP_BUFFER_MAX_BYTES = 6 * 1024 * 1024
+MAX_TCP_BUFFER_BYTES = 1 << 30
+
+
+def prefix() -> str:
+    """The object-name prefix in force (WANBENCH_PREFIX, default "wanb")."""
+    value = os.environ.get("WANBENCH_PREFIX", DEFAULT_PREFIX)
+    if not PREFIX_PATTERN.match(value):
+        raise ValueError(f"WANBENCH_PREFIX={value!r}: use 2-6 lower-case letters/digits starting with a letter")
+    return value
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str          # "<region>-<index>", what users type
+    region: str
+    index: int         # within the region
+    rank: int          # position in the plan, 0..N-1 (region order of the file, then index)
+    namespace: str     # "<prefix>-<name>"
+    address: str       # IPv4 inside the namespaces only
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything needed to build the network; derived from a Topology, no side effects."""
+
+    topology_name: str
+    topology_file: str
+    prefix: str
+    address_pool: str
+    prefix_length: int
+    nodes: tuple[Node, ...]
+    region_links: dict  # (src_region, dst_region) -> LinkSpec, intra-region included, queues resolved
+    tcp_buffer_max_bytes: int
+    cpu_share: Optional[float] = None  # fraction of one core per node (None: unlimited)
+
+    def node(self, name: str) -> Node:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        known = ", ".join(n.name for n in self.nodes)
+        raise KeyError(f"no node {name!r} (nodes: {known})")
+
+    def link(self, src: Node, dst: Node) -> LinkSpec:
+        """The one-way spec from node `src` to node `dst`."""
+        return self.region_links[(src.region, dst.region)]
+
+    def pairs(self):
+        """Every ordered pair of distinct nodes with its spec."""
+        for src in self.nodes:
+            for dst in self.nodes:
+                if src is not dst:
+                    yield src, dst, self.link(src, dst)
+
+    def hosts_file(self) -> str:
+        """/etc/hosts content for every node's namespace, so `ping tokyo-0` resolves."""
+        lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
+        lines += [f"{n.address}\t{n.name}" for n in self.nodes]
+        return "\n".join(lines) + "\n"
+
+    def sysctls(self) -> dict[str, str]:
+        """Per-namespace sysctls: TCP buffers large enough for the largest bandwidth-delay product."""
+        top = self.tcp_buffer_max_bytes
+        return {
+            "net.ipv4.tcp_rmem": f"4096 131072 {top}",
+            "net.ipv4.tcp_wmem": f"4096 16384 {top}",
+            "net.core.rmem_max": str(top),
+            "net.core.wmem_max": str(top),
+        }
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["region_links"] = [
+            {"src": s, "dst": d, **asdict(spec)} for (s, d), spec in self.region_links.items()
+        ]
+        return json.dumps(data, indent=2)
+
+    @staticmethod
+    def from_json(text: str) -> "Plan":
+        data = json.loads(text)
+        data["nodes"] = tuple(Node(**n) for n in data["nodes"])
+        data["region_links"] = {
+            (entry.pop("src"), entry.pop("dst")): LinkSpec(**entry) for entry in data["region_links"]
+        }
+        return Plan(**data)
+
+
+def bdp_bytes(spec: LinkSpec) -> int:
+    """Bandwidth-delay product of a path whose RTT is twice this direction's delay (+ jitter)."""
+    rtt_s = 2.0 * (spec.one_way_delay_ms + spec.jitter_ms) / 1000.0
+    return int(spec.rate_bit_s * rtt_s / 8.0)
+
+
+def auto_queue_bytes(spec: LinkSpec) -> int:
+    """A drop-tail queue of one BDP lets one TCP flow fill the pipe without standing delay forever."""
+    return max(MIN_AUTO_QUEUE_BYTES, bdp_bytes(spec))
+
+
+def tcp_buffer_bytes(specs) -> int:
+    """TCP buffer maximum for the largest BDP, as a power of two.
+
+    Measured here (1 Gbit/s, 200 ms RTT, one flow): default buffers 138 Mbit/s, 16 MB 442, 64 MB 798.
+    Linux gives the application half of tcp_rmem (tcp_adv_win_scale), and CUBIC overshoots, so we
+    allow 4x the BDP.
+    """
+    need = max((4 * bdp_bytes(s) for s in specs), default=0)
+    size = DEFAULT_TCP_BUFFER_MAX_BYTES
+    while size < need and size < MAX_TCP_BUFFER_BYTES:
+        size *= 2
+    return size
+
+
+def make_plan(topology: Topology, cpu_share: Optional[float] = None) -> Plan:
+    """Name and address every node of `topology` and resolve its link matrix."""
+    pfx = prefix()
+    pool = ipaddress.IPv4Network(topology.address_pool)
+    hosts = pool.hosts()
+    nodes = []
+    for region, count in topology.regions.items():
+        for index in range(count):
+            name = f"{region}-{index}"
+            nodes.append(Node(
+                name=name, region=region, index=index, rank=len(nodes),
+                namespace=f"{pfx}-{name}", address=str(next(hosts)),
+            ))
+    region_links = {}
+    for src in topology.regions:
+        for dst in topology.regions:
+            spec = topology.link(src, dst)
+            if spec.queue_bytes is None:
+                spec = replace(spec, queue_bytes=auto_queue_bytes(spec))
+            region_links[(src, dst)] = spec
+    return Plan(
+        topology_name=topology.name,
+        topology_file=topology.source_file,
+        prefix=pfx,
+        address_pool=str(pool),
+        prefix_length=pool.prefixlen,
+        nodes=tuple(nodes),
+        region_links=region_links,
+        tcp_buffer_max_bytes=tcp_buffer_bytes(region_links.values()),
+        cpu_share=cpu_share,
+    )

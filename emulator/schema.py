@@ -1,0 +1,98 @@
+"""Loading YAML input files safely, and turning validation failures into one-line errors.
+
+Every error a user can cause with a file ends up as `ConfigError`: one line naming the file, the
+field path and what is allowed. The CLI prints it and exits 2 before anything privileged runs.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import yaml
+
+# Input files are small hand-written documents; a bigger one is a mistake (or an attack).
+MAX_FILE_BYTES = 4 * 1024 * 1024
+# YAML aliases let a tiny file expand to gigabytes ("billion laughs"); real files use a handful.
+MAX_ALIASES = 100
+
+
+class ConfigError(Exception):
+    """A user's input file is wrong; str() is the one-line message shown to the user."""
+
+    def __init__(self, source: str, field: str, message: str):
+        self.source = source
+        self.field = field
+        self.message = message
+        where = f"{source}: {field}" if field else source
+        super().__init__(f"{where}: {message}")
+
+
+class _CountingLoader(yaml.SafeLoader):
+    """SafeLoader (never builds Python objects) that also refuses alias bombs."""
+
+    def compose_node(self, parent, index):  # noqa: D401 - PyYAML hook
+        if self.check_event(yaml.AliasEvent):
+            self._alias_count = getattr(self, "_alias_count", 0) + 1
+            if self._alias_count > MAX_ALIASES:
+                raise yaml.YAMLError(f"more than {MAX_ALIASES} YAML aliases")
+        return super().compose_node(parent, index)
+
+
+def load_yaml_mapping(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a YAML file that must hold a mapping; raise ConfigError for anything else."""
+    source = str(path)
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(source, "", "no such file" if not file.exists() else "not a regular file")
+    size = file.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise ConfigError(source, "", f"file is {size} bytes, more than the {MAX_FILE_BYTES} allowed")
+    raw = file.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(source, "", "not a UTF-8 text file (binary?)") from None
+    if "\x00" in text:
+        raise ConfigError(source, "", "not a text file (contains NUL bytes)")
+    try:
+        data = yaml.load(text, Loader=_CountingLoader)  # noqa: S506 - SafeLoader subclass
+    except yaml.YAMLError as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid YAML"
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ConfigError(source, "", f"invalid YAML{where}: {first_line}") from None
+    if data is None:
+        raise ConfigError(source, "", "file is empty; expected a YAML mapping")
+    if not isinstance(data, dict):
+        raise ConfigError(source, "", f"expected a YAML mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def field_path(loc: tuple) -> str:
+    """Render a pydantic error location as `links[2].rate`."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+def config_error_from_pydantic(source: str, exc: pydantic.ValidationError) -> ConfigError:
+    """The first validation error of `exc` as a ConfigError (one line; others are usually consequences)."""
+    err = exc.errors(include_url=False)[0]
+    # Skip pydantic's internal tags such as 'function-after[...]' in the location.
+    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p and p.endswith("]")))
+    message = err["msg"]
+    if message.startswith("Value error, "):
+        message = message[len("Value error, "):]
+    if err["type"] == "extra_forbidden":
+        message = "unknown field"
+    count = exc.error_count()
+    if count > 1:
+        message += f" (and {count - 1} more error{'s' if count > 2 else ''})"
+    return ConfigError(source, field_path(loc), message.replace("\n", " "))

@@ -1,0 +1,340 @@
+"""Topology files: regions, node counts and the per-pair link matrix, validated with named limits.
+
+A topology file is plain data (see topologies/aws-4region.yaml). `load_topology` returns a
+`Topology` whose `link(src_region, dst_region)` gives the resolved one-way `LinkSpec` for every
+ordered pair, intra-region included. Nothing here touches the system.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+from dataclasses import dataclass, replace
+from typing import Annotated, Any, Optional
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .schema import ConfigError, config_error_from_pydantic, load_yaml_mapping
+from .units import UnitError, parse_fraction, parse_rate_bit_s, parse_size_bytes, parse_time_ms
+
+# Named limits (units in the names). They bound what the emulator can represent faithfully.
+MAX_ONE_WAY_DELAY_MS = 10_000.0
+MIN_RATE_BIT_S = 8_000.0          # 1 KB/s: slower than this, a single MTU takes 1.5 s to serialize
+MAX_RATE_BIT_S = 100e9
+MIN_QUEUE_BYTES = 3_000           # two full-size frames
+MAX_QUEUE_BYTES = 1 << 30
+MAX_NODES_PER_REGION = 1024
+MAX_NODES_TOTAL = 4096
+MAX_REGIONS = 64
+DEFAULT_ADDRESS_POOL = "10.201.0.0/16"
+REGION_NAME_PATTERN = r"^[a-z][a-z0-9]{0,14}$"
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """One direction of a link between two nodes: what the emulator must reproduce."""
+
+    one_way_delay_ms: float
+    rate_bit_s: float
+    jitter_ms: float = 0.0
+    loss_fraction: float = 0.0
+    queue_bytes: Optional[int] = None  # None: sized from the bandwidth-delay product by the plan
+
+    @property
+    def rtt_contribution_ms(self) -> float:
+        return self.one_way_delay_ms
+
+
+def _bounded(value: float, low: float, high: float, what: str, shown: str) -> float:
+    if not (low <= value <= high) or math.isnan(value):
+        raise ValueError(f"{what} {shown} out of range [{low:g}, {high:g}]")
+    return value
+
+
+def _time(value: Any, what: str, low: float = 0.0, high: float = MAX_ONE_WAY_DELAY_MS) -> float:
+    try:
+        ms = parse_time_ms(value)
+    except UnitError as exc:
+        raise ValueError(str(exc)) from None
+    return _bounded(ms, low, high, what + " (ms)", repr(value))
+
+
+class _LinkFields(BaseModel):
+    """Shaping fields shared by defaults, intra-region settings and link entries."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rtt: Optional[float] = Field(None, description="round-trip time; one-way delay is half of it")
+    delay: Optional[float] = Field(None, description="one-way delay")
+    rate: Optional[float] = None
+    jitter: Optional[float] = None
+    loss: Optional[float] = None
+    queue: Optional[int] = None
+
+    @field_validator("rtt", mode="before")
+    @classmethod
+    def _rtt(cls, v):
+        return None if v is None else _time(v, "rtt", high=2 * MAX_ONE_WAY_DELAY_MS)
+
+    @field_validator("delay", "jitter", mode="before")
+    @classmethod
+    def _delay(cls, v, info):
+        return None if v is None else _time(v, info.field_name)
+
+    @field_validator("rate", mode="before")
+    @classmethod
+    def _rate(cls, v):
+        if v is None:
+            return None
+        try:
+            bit_s = parse_rate_bit_s(v)
+        except UnitError as exc:
+            raise ValueError(str(exc)) from None
+        return _bounded(bit_s, MIN_RATE_BIT_S, MAX_RATE_BIT_S, "rate (bit/s)", repr(v))
+
+    @field_validator("loss", mode="before")
+    @classmethod
+    def _loss(cls, v):
+        if v is None:
+            return None
+        try:
+            fraction = parse_fraction(v)
+        except UnitError as exc:
+            raise ValueError(str(exc)) from None
+        return _bounded(fraction, 0.0, 1.0, "loss", repr(v))
+
+    @field_validator("queue", mode="before")
+    @classmethod
+    def _queue(cls, v):
+        if v is None or v == "auto":
+            return None
+        try:
+            size = parse_size_bytes(v)
+        except UnitError as exc:
+            raise ValueError(f"{exc} (or \"auto\" for bandwidth-delay product)") from None
+        return int(_bounded(size, MIN_QUEUE_BYTES, MAX_QUEUE_BYTES, "queue (bytes)", repr(v)))
+
+    @model_validator(mode="after")
+    def _rtt_or_delay(self):
+        if self.rtt is not None and self.delay is not None:
+            raise ValueError("give either rtt or delay (one-way), not both")
+        return self
+
+    def one_way_ms(self) -> Optional[float]:
+        if self.delay is not None:
+            return self.delay
+        if self.rtt is not None:
+            return self.rtt / 2.0
+        return None
+
+
+class LinkEntry(_LinkFields):
+    """A `links:` entry: `between: [a, b]` (both directions) or `from: a` + `to: b` (one direction)."""
+
+    between: Optional[list[str]] = None
+    from_: Optional[str] = Field(None, alias="from")
+    to: Optional[str] = None
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _endpoints(self):
+        if self.between is not None:
+            if self.from_ is not None or self.to is not None:
+                raise ValueError("give either between: [a, b] or from:/to:, not both")
+            if len(self.between) != 2:
+                raise ValueError(f"between needs exactly two regions, got {len(self.between)}")
+            if self.between[0] == self.between[1]:
+                raise ValueError("between needs two different regions (use intra_region for one)")
+        else:
+            if self.from_ is None or self.to is None:
+                raise ValueError("each link needs between: [a, b] or both from: and to:")
+            if self.from_ == self.to:
+                raise ValueError("from and to must be different regions (use intra_region for one)")
+            if self.rtt is not None:
+                raise ValueError("a one-direction link takes delay (one-way), not rtt")
+        return self
+
+    def directions(self) -> list[tuple[str, str]]:
+        if self.between is not None:
+            a, b = self.between
+            return [(a, b), (b, a)]
+        return [(self.from_, self.to)]
+
+
+class RegionEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    nodes: Annotated[int, Field(ge=1, le=MAX_NODES_PER_REGION, strict=True)] = 1
+
+
+class TopologyFile(BaseModel):
+    """The YAML document, validated."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    description: str = ""
+    source: str = ""
+    address_pool: str = DEFAULT_ADDRESS_POOL
+    regions: dict[Annotated[str, Field(pattern=REGION_NAME_PATTERN)], RegionEntry] = Field(
+        min_length=1, max_length=MAX_REGIONS)
+    defaults: _LinkFields = _LinkFields()
+    intra_region: _LinkFields = _LinkFields()
+    links: list[LinkEntry] = []
+
+    @field_validator("address_pool")
+    @classmethod
+    def _pool(cls, v: str):
+        try:
+            net = ipaddress.IPv4Network(v, strict=True)
+        except ValueError as exc:
+            raise ValueError(f"not an IPv4 network such as 10.201.0.0/16: {exc}") from None
+        if not net.is_private:
+            raise ValueError(f"{v} is not a private range; use e.g. 10.201.0.0/16")
+        if net.prefixlen > 28:
+            raise ValueError(f"{v} is too small; use a prefix length of at most /28")
+        return v
+
+    @model_validator(mode="after")
+    def _matrix(self):
+        total = sum(r.nodes for r in self.regions.values())
+        if total > MAX_NODES_TOTAL:
+            raise ValueError(f"{total} nodes in all, more than {MAX_NODES_TOTAL}")
+        pool_size = ipaddress.IPv4Network(self.address_pool).num_addresses - 2
+        if total > pool_size:
+            raise ValueError(f"address_pool {self.address_pool} has {pool_size} addresses for {total} nodes")
+        return self
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A validated topology: regions in file order and a complete one-way link matrix."""
+
+    name: str
+    source_file: str
+    regions: dict[str, int]                 # region -> node count
+    links: dict[tuple[str, str], LinkSpec]  # ordered (src_region, dst_region), src != dst
+    intra_region: LinkSpec
+    address_pool: str
+    description: str = ""
+
+    def link(self, src_region: str, dst_region: str) -> LinkSpec:
+        if src_region == dst_region:
+            return self.intra_region
+        return self.links[(src_region, dst_region)]
+
+    def with_nodes(self, nodes_per_region: dict[str, int]) -> "Topology":
+        """Same matrix, other node counts (scenarios set them)."""
+        unknown = set(nodes_per_region) - set(self.regions)
+        if unknown:
+            raise KeyError(f"unknown region(s) {sorted(unknown)}")
+        return replace(self, regions={r: nodes_per_region.get(r, n) for r, n in self.regions.items()})
+
+    def scaled(self, delay_scale: float = 1.0, rate_bit_s: Optional[float] = None) -> "Topology":
+        """A sweep point: every inter-region delay times `delay_scale`; every rate set to `rate_bit_s`."""
+        if delay_scale < 0:
+            raise ValueError("delay_scale must be >= 0")
+
+        def change(spec: LinkSpec, inter: bool) -> LinkSpec:
+            return replace(
+                spec,
+                one_way_delay_ms=spec.one_way_delay_ms * delay_scale if inter else spec.one_way_delay_ms,
+                rate_bit_s=rate_bit_s if (rate_bit_s is not None and inter) else spec.rate_bit_s,
+            )
+
+        return replace(
+            self,
+            links={pair: change(spec, True) for pair, spec in self.links.items()},
+            intra_region=self.intra_region,
+        )
+
+    @property
+    def node_count(self) -> int:
+        return sum(self.regions.values())
+
+
+# Values used where neither the link nor `defaults` says otherwise.
+_BUILTIN_DEFAULTS = dict(rate_bit_s=1e9, jitter_ms=0.0, loss_fraction=0.0, queue_bytes=None)
+_BUILTIN_INTRA = LinkSpec(one_way_delay_ms=0.05, rate_bit_s=10e9)
+
+
+def _resolve(fields: _LinkFields, fallback: _LinkFields, base: dict, where: str) -> LinkSpec:
+    one_way = fields.one_way_ms()
+    if one_way is None:
+        one_way = fallback.one_way_ms()
+    if one_way is None:
+        raise ValueError(f"{where}: no rtt or delay given (and none in defaults)")
+
+    def pick(name, base_key):
+        value = getattr(fields, name)
+        if value is None:
+            value = getattr(fallback, name)
+        return base[base_key] if value is None else value
+
+    jitter = pick("jitter", "jitter_ms")
+    if jitter > one_way:
+        raise ValueError(f"{where}: jitter {jitter:g}ms larger than the one-way delay {one_way:g}ms")
+    return LinkSpec(
+        one_way_delay_ms=one_way,
+        rate_bit_s=pick("rate", "rate_bit_s"),
+        jitter_ms=jitter,
+        loss_fraction=pick("loss", "loss_fraction"),
+        queue_bytes=pick("queue", "queue_bytes"),
+    )
+
+
+def topology_from_dict(data: dict, source: str = "<topology>") -> Topology:
+    """Validate a topology document (already parsed YAML) into a `Topology`; raise ConfigError."""
+    try:
+        doc = TopologyFile.model_validate(data)
+    except pydantic.ValidationError as exc:
+        raise config_error_from_pydantic(source, exc) from None
+
+    links: dict[tuple[str, str], LinkSpec] = {}
+    for index, entry in enumerate(doc.links):
+        field = f"links[{index}]"
+        for region in entry.directions()[0]:
+            if region not in doc.regions:
+                known = ", ".join(doc.regions)
+                raise ConfigError(source, field, f"unknown region {region!r} (regions: {known})")
+        for pair in entry.directions():
+            if pair in links:
+                raise ConfigError(source, field, f"link {pair[0]}->{pair[1]} given twice")
+            try:
+                links[pair] = _resolve(entry, doc.defaults, _BUILTIN_DEFAULTS, f"{pair[0]}->{pair[1]}")
+            except ValueError as exc:
+                raise ConfigError(source, field, str(exc)) from None
+
+    names = list(doc.regions)
+    for a in names:
+        for b in names:
+            if a != b and (a, b) not in links:
+                if (b, a) in links:
+                    message = (f"link {a}->{b} missing: {b}->{a} is given one-way, so the matrix is "
+                               f"asymmetric and needs both directions (or use between: [{a}, {b}])")
+                else:
+                    message = f"no link between {a} and {b}: every pair of regions needs one"
+                raise ConfigError(source, "links", message)
+
+    intra_base = dict(rate_bit_s=_BUILTIN_INTRA.rate_bit_s, jitter_ms=0.0, loss_fraction=0.0, queue_bytes=None)
+    fallback = _LinkFields(delay=f"{_BUILTIN_INTRA.one_way_delay_ms}ms")
+    try:
+        intra = _resolve(doc.intra_region, fallback, intra_base, "intra_region")
+    except ValueError as exc:
+        raise ConfigError(source, "intra_region", str(exc)) from None
+
+    return Topology(
+        name=doc.name,
+        source_file=source,
+        regions={name: region.nodes for name, region in doc.regions.items()},
+        links=links,
+        intra_region=intra,
+        address_pool=doc.address_pool,
+        description=doc.description,
+    )
+
+
+def load_topology(path) -> Topology:
+    """Read and validate a topology YAML file; raise ConfigError naming the file and field."""
+    return topology_from_dict(load_yaml_mapping(path), source=str(path))
