@@ -1,0 +1,86 @@
+"""The backend interface: one class per file, registered by name; only backends touch the system.
+
+A backend turns a `Plan` into a running network and back. `up` may leave background processes
+(the tun delay line) running; everything it needs to tear down is written to the run-state folder so
+that `down` works from another process (the CLI returns to the shell after `up`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import ClassVar, Type
+
+from ..plan import Plan
+
+STATE_ROOT = Path(os.environ.get("WANBENCH_STATE_DIR", "/run/wanbench"))
+
+
+class BackendUnavailable(RuntimeError):
+    """This backend cannot run on this machine; the message says why and what to use instead."""
+
+
+class Backend:
+    """Base class. Subclasses set `name`, implement `check_available`, `up` and `down`."""
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+
+    @classmethod
+    def check_available(cls) -> None:
+        """Raise BackendUnavailable (with how to fix it) when this machine cannot run the backend."""
+
+    def up(self) -> None:
+        """Build the network for `self.plan`. On failure, undo what was built, then raise."""
+        raise NotImplementedError
+
+    def down(self) -> None:
+        """Tear down what `up` built. Idempotent."""
+        raise NotImplementedError
+
+    def counters(self) -> list[dict]:
+        """Per-pair counters (packets, bytes, drops) where the backend keeps them."""
+        return []
+
+    # Run state, so that `down` and `exec` work from another process than `up`.
+    @staticmethod
+    def state_dir(prefix: str) -> Path:
+        return STATE_ROOT / prefix
+
+    def write_state(self, **extra) -> None:
+        folder = self.state_dir(self.plan.prefix)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "plan.json").write_text(self.plan.to_json())
+        tmp = folder / "state.json.tmp"
+        tmp.write_text(json.dumps({"backend": self.name, **extra}))
+        tmp.rename(folder / "state.json")
+
+
+REGISTRY: dict[str, Type[Backend]] = {}
+
+
+def register(cls: Type[Backend]) -> Type[Backend]:
+    if not cls.name or cls.name in REGISTRY:
+        raise ValueError(f"backend name {cls.name!r} empty or registered twice")
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def read_state(prefix: str) -> tuple[dict, Plan] | None:
+    """The state and plan of the network that is up under `prefix`, or None."""
+    folder = Backend.state_dir(prefix)
+    try:
+        state = json.loads((folder / "state.json").read_text())
+        plan = Plan.from_json((folder / "plan.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return state, plan
+
+
+def clear_state(prefix: str) -> None:
+    folder = Backend.state_dir(prefix)
+    for name in ("state.json", "plan.json", "state.json.tmp"):
+        (folder / name).unlink(missing_ok=True)

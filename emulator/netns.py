@@ -1,0 +1,108 @@
+"""Node namespaces: create, configure (loopback, sysctls, hosts file), enter, list and remove.
+
+Shared by every backend that builds nodes as named network namespaces. Uses pyroute2 (netlink and
+setns) rather than one `ip` process per object: creating 32 configured namespaces takes ~0.1 s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from pyroute2 import IPRoute, NetNS, netns
+
+from .plan import Node, Plan
+
+log = logging.getLogger(__name__)
+
+NETNS_RUN_DIR = Path("/run/netns")
+NETNS_ETC_DIR = Path("/etc/netns")  # `ip netns exec` bind-mounts /etc/netns/<ns>/hosts on /etc/hosts
+
+
+class SystemCheckError(RuntimeError):
+    """The machine cannot do what was asked; the message says how to fix it."""
+
+
+def check_root() -> None:
+    if os.geteuid() != 0:
+        raise SystemCheckError(
+            "building namespaces needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN): run with sudo")
+
+
+def check_address_pool_free(pool: str) -> None:
+    """Refuse a pool that overlaps a route of the host: our addresses must never leave our namespaces."""
+    network = ipaddress.IPv4Network(pool)
+    with IPRoute() as ipr:
+        for route in ipr.get_routes(family=2):
+            dst = route.get_attr("RTA_DST")
+            length = route["dst_len"]
+            if dst is None or length == 0:
+                continue  # the default route overlaps everything by definition
+            host_net = ipaddress.IPv4Network(f"{dst}/{length}", strict=False)
+            if host_net.overlaps(network):
+                raise SystemCheckError(
+                    f"address_pool {pool} overlaps the host route {host_net}; choose another "
+                    f"private range in the topology's address_pool")
+
+
+@contextlib.contextmanager
+def entered(namespace: str):
+    """Run the body with this thread inside `namespace` (for /proc/sys and TUN devices)."""
+    netns.pushns(namespace)
+    try:
+        yield
+    finally:
+        netns.popns()
+
+
+def create_node(plan: Plan, node: Node) -> None:
+    """Create one node's namespace: loopback up, TCP buffers sized for the plan, hosts file."""
+    netns.create(node.namespace)
+    with NetNS(node.namespace) as ns:
+        ns.link("set", index=ns.link_lookup(ifname="lo")[0], state="up")
+    with entered(node.namespace):
+        for key, value in plan.sysctls().items():
+            path = Path("/proc/sys") / key.replace(".", "/")
+            try:
+                path.write_text(value)
+            except OSError as exc:
+                # net.core.*mem_max are read-only inside a namespace on many kernels; TCP autotuning
+                # uses tcp_rmem/tcp_wmem, which are per namespace, so this loses nothing we rely on.
+                log.debug("sysctl %s not settable in %s: %s", key, node.namespace, exc)
+    etc = NETNS_ETC_DIR / node.namespace
+    etc.mkdir(parents=True, exist_ok=True)
+    (etc / "hosts").write_text(plan.hosts_file())
+
+
+def create_nodes(plan: Plan) -> None:
+    for node in plan.nodes:
+        create_node(plan, node)
+
+
+def list_namespaces(prefix: str) -> list[str]:
+    """Named namespaces that carry our prefix."""
+    return sorted(name for name in netns.listnetns() if name.startswith(prefix + "-"))
+
+
+def remove_namespace(name: str) -> None:
+    """Remove one namespace and its /etc/netns folder; missing ones are fine (idempotent)."""
+    if (NETNS_RUN_DIR / name).exists():
+        try:
+            netns.remove(name)
+        except OSError as exc:
+            log.warning("could not remove namespace %s: %s", name, exc)
+    shutil.rmtree(NETNS_ETC_DIR / name, ignore_errors=True)
+
+
+def remove_nodes(plan: Plan) -> None:
+    for node in plan.nodes:
+        remove_namespace(node.namespace)
+
+
+def exec_argv(node: Node, argv: list[str]) -> list[str]:
+    """The argument list that runs `argv` inside a node (hosts file included)."""
+    return ["ip", "netns", "exec", node.namespace, *argv]
