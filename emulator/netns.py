@@ -67,12 +67,7 @@ def create_node(plan: Plan, node: Node) -> None:
     with entered(node.namespace):
         for key, value in plan.sysctls().items():
             path = Path("/proc/sys") / key.replace(".", "/")
-            try:
-                path.write_text(value)
-            except OSError as exc:
-                # net.core.*mem_max are read-only inside a namespace on many kernels; TCP autotuning
-                # uses tcp_rmem/tcp_wmem, which are per namespace, so this loses nothing we rely on.
-                log.debug("sysctl %s not settable in %s: %s", key, node.namespace, exc)
+            path.write_text(value)
     etc = NETNS_ETC_DIR / node.namespace
     etc.mkdir(parents=True, exist_ok=True)
     (etc / "hosts").write_text(plan.hosts_file())

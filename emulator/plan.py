@@ -85,13 +85,15 @@ class Plan:
         return "\n".join(lines) + "\n"
 
     def sysctls(self) -> dict[str, str]:
-        """Per-namespace sysctls: TCP buffers large enough for the largest bandwidth-delay product."""
+        """Per-namespace sysctls: TCP buffers large enough for the largest bandwidth-delay product.
+
+        TCP autotuning grows to tcp_rmem/tcp_wmem[2], which are per namespace. net.core.rmem_max
+        (the cap for explicit SO_RCVBUF) is read-only inside a namespace here, so it is not listed.
+        """
         top = self.tcp_buffer_max_bytes
         return {
             "net.ipv4.tcp_rmem": f"4096 131072 {top}",
             "net.ipv4.tcp_wmem": f"4096 16384 {top}",
-            "net.core.rmem_max": str(top),
-            "net.core.wmem_max": str(top),
         }
 
     def to_json(self) -> str:

@@ -1,0 +1,271 @@
+"""The `wanbench` command: up, down, exec, verify, status, clean.
+
+Input files are validated before anything privileged happens; a bad file is one line on stderr
+naming the file and field, exit code 2. A system problem (not root, no TUN, no netem) is one line
+saying how to fix it, exit code 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+from typing import Optional
+
+from . import clean as clean_mod
+from .backends import REGISTRY, Backend, BackendUnavailable, read_state
+from .inputs import topology_of
+from .netns import SystemCheckError, exec_argv
+from .plan import Plan, make_plan, prefix
+from .schema import ConfigError
+from .units import UnitError, parse_rate_bit_s
+
+EXIT_BAD_INPUT = 2
+EXIT_SYSTEM = 3
+
+
+class Interrupted(Exception):
+    """SIGINT/SIGTERM arrived; raised in the main thread so `finally` blocks tear down."""
+
+
+@contextlib.contextmanager
+def teardown_on_signals():
+    """Turn SIGTERM (and SIGINT) into an exception so every `finally` runs."""
+
+    def handler(signum, frame):
+        raise Interrupted(signal.Signals(signum).name)
+
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, previous in old.items():
+            signal.signal(sig, previous)
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+def choose_backend(name: str) -> type[Backend]:
+    """The backend class for `--backend`; `auto` takes tc where netem works, else tun."""
+    if name != "auto":
+        cls = REGISTRY[name]
+        cls.check_available()
+        return cls
+    tc = REGISTRY["tc"]
+    try:
+        tc.check_available()
+        return tc
+    except BackendUnavailable as why_not_tc:
+        tun = REGISTRY["tun"]
+        tun.check_available()
+        _console().print(f"backend auto: tun ({why_not_tc})")
+        return tun
+
+
+def load_plan(args) -> Plan:
+    """Validate the file and the sweep options into a plan (no privileged step)."""
+    topology = topology_of(args.file)
+    rate = None
+    if getattr(args, "rate", None):
+        try:
+            rate = parse_rate_bit_s(args.rate)
+        except UnitError as exc:
+            raise ConfigError("--rate", "", str(exc)) from None
+    if args.delay_scale < 0:
+        raise ConfigError("--delay-scale", "", f"must be >= 0, got {args.delay_scale}")
+    if args.delay_scale != 1.0 or rate is not None:
+        topology = topology.scaled(args.delay_scale, rate)
+    return make_plan(topology)
+
+
+def _print_plan(plan: Plan, backend: str) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"{plan.topology_name}: {len(plan.nodes)} nodes, backend {backend}")
+    for column in ("node", "address", "namespace"):
+        table.add_column(column)
+    for node in plan.nodes:
+        table.add_row(node.name, node.address, node.namespace)
+    _console().print(table)
+
+
+def cmd_up(args) -> int:
+    plan = load_plan(args)
+    if args.dry_run:
+        from .backends import tc
+
+        if args.backend not in ("tc", "auto"):
+            raise SystemExit(f"--dry-run prints the tc backend's script; got --backend {args.backend}")
+        sys.stdout.write(tc.script(plan))
+        return 0
+    existing = read_state(plan.prefix)
+    if existing is not None:
+        raise SystemCheckError(f"a network is already up under prefix {plan.prefix!r} "
+                               f"({existing[1].topology_name}); run 'wanbench down' first")
+    backend = choose_backend(args.backend)(plan)
+    with teardown_on_signals():
+        backend.up()
+    _print_plan(plan, backend.name)
+    _console().print("network is up; 'wanbench exec NODE -- CMD' runs inside a node; 'wanbench down' ends it")
+    return 0
+
+
+def cmd_down(args) -> int:
+    state = read_state(prefix())
+    if state is None:
+        _console().print(f"no network is up under prefix {prefix()!r} (leftovers: 'wanbench clean')")
+        return 0
+    info, plan = state
+    REGISTRY[info["backend"]](plan).down()
+    _console().print(f"{plan.topology_name}: down")
+    return 0
+
+
+def cmd_exec(args) -> int:
+    state = read_state(prefix())
+    if state is None:
+        raise SystemCheckError("no network is up: run 'wanbench up TOPOLOGY' first")
+    _, plan = state
+    try:
+        node = plan.node(args.node)
+    except KeyError as exc:
+        raise ConfigError("exec", "node", exc.args[0]) from None
+    argv = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not argv:
+        raise ConfigError("exec", "command", "give a command after the node name, e.g. -- ping tokyo-0")
+    os.execvp("ip", exec_argv(node, argv))  # replaces this process: exit code and signals pass through
+
+
+def _verify_table(rows: list[dict], title: str):
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in ("src", "dst", "RTT spec ms", "p50 ms", "p99 ms", "p50 err ms", "p99 err ms",
+                   "rate spec Mbit/s", "rate Mbit/s", "%"):
+        table.add_column(column, justify="right")
+    for r in rows:
+        rate = r["rate_mbit"]
+        table.add_row(r["src"], r["dst"], f"{r['rtt_spec_ms']:.2f}", f"{r['rtt_p50_ms']:.3f}",
+                      f"{r['rtt_p99_ms']:.3f}", f"{r['rtt_p50_error_ms']:+.3f}",
+                      f"{r['rtt_p99_error_ms']:+.3f}", f"{r['rate_spec_mbit']:g}",
+                      "-" if rate is None else f"{rate:.1f}",
+                      "-" if rate is None else f"{100 * rate / r['rate_spec_mbit']:.1f}")
+    return table
+
+
+def cmd_verify(args) -> int:
+    from .verify import VerifyOptions, verify
+
+    plan = load_plan(args)
+    options = VerifyOptions(probes=args.probes, throughput=not args.no_throughput,
+                            duration_s=args.duration, omit_s=args.omit)
+    if read_state(plan.prefix) is not None:
+        raise SystemCheckError(f"a network is already up under prefix {plan.prefix!r}; 'wanbench down' first")
+    backend = choose_backend(args.backend)(plan)
+    console = _console()
+    with teardown_on_signals():
+        backend.up()
+        try:
+            with console.status("measuring") as status:
+                rows = verify(plan, options, progress=lambda what: status.update(f"measuring {what}"))
+        finally:
+            backend.down()
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        from rich.console import Console
+
+        Console().print(_verify_table(rows, f"{plan.topology_name} on {backend.name}: spec vs measured"))
+    return 0
+
+
+def cmd_status(args) -> int:
+    state = read_state(prefix())
+    if state is None:
+        print(f"no network is up under prefix {prefix()!r}")
+        return 0
+    info, plan = state
+    _print_plan(plan, info["backend"])
+    counters = REGISTRY[info["backend"]](plan).counters()
+    if counters:
+        print(json.dumps(counters, indent=1))
+    return 0
+
+
+def cmd_clean(args) -> int:
+    removed = clean_mod.clean(prefix())
+    _console().print(f"clean: removed {len(removed)} object(s)" + (": " + ", ".join(removed) if removed else ""))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="wanbench", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+    backends = ["auto", "tun", "tc", "mininet"]
+
+    def network_args(p):
+        p.add_argument("file", help="topology file (or a scenario file naming one)")
+        p.add_argument("--backend", choices=backends, default="auto",
+                       help="auto: tc where the kernel has sch_netem, else tun (default)")
+        p.add_argument("--delay-scale", type=float, default=1.0, metavar="K",
+                       help="multiply every inter-region delay by K (a sweep point)")
+        p.add_argument("--rate", metavar="RATE", help='set every inter-region rate, e.g. "100Mbit"')
+
+    p = sub.add_parser("up", help="build the emulated WAN and return to the shell")
+    network_args(p)
+    p.add_argument("--dry-run", action="store_true", help="print the tc backend's script; change nothing")
+    p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser("down", help="tear down what `up` built")
+    p.set_defaults(func=cmd_down)
+
+    p = sub.add_parser("exec", help="run a command inside a node: wanbench exec london-0 -- ping tokyo-0")
+    p.add_argument("node")
+    p.add_argument("command", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_exec)
+
+    p = sub.add_parser("verify", help="build, measure every pair (RTT, TCP rate), print spec vs measured, tear down")
+    network_args(p)
+    p.add_argument("--json", action="store_true", help="print one JSON array instead of a table")
+    p.add_argument("--probes", type=int, default=200, help="RTT probes per pair (default 200)")
+    p.add_argument("--duration", type=float, default=5.0, help="iperf3 seconds per pair (default 5)")
+    p.add_argument("--omit", type=float, default=2.0, help="iperf3 seconds omitted for slow start (default 2)")
+    p.add_argument("--no-throughput", action="store_true", help="RTT only")
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("status", help="what is up, with the backend's counters")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("clean", help="remove anything with our prefix that a crash left behind")
+    p.set_defaults(func=cmd_clean)
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args) or 0
+    except ConfigError as exc:
+        print(f"wanbench: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except (SystemCheckError, BackendUnavailable) as exc:
+        print(f"wanbench: {exc}", file=sys.stderr)
+        return EXIT_SYSTEM
+    except (Interrupted, KeyboardInterrupt) as exc:
+        print(f"wanbench: interrupted ({exc or 'SIGINT'}); torn down", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

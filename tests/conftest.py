@@ -1,0 +1,49 @@
+"""Test tiers: unit (no root), integration (root + namespaces + TUN), gpu. Skips say why."""
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def integration_skip_reason():
+    if os.geteuid() != 0:
+        return "integration tests need root (network namespaces)"
+    if not Path("/dev/net/tun").exists():
+        return "integration tests need /dev/net/tun"
+    if shutil.which("ip") is None:
+        return "integration tests need iproute2 (`ip`)"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = integration_skip_reason()
+    if reason:
+        for item in items:
+            if "integration" in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture
+def test_prefix(monkeypatch):
+    """A prefix of our own, so a test never touches a user's network or a parallel test's."""
+    value = "wt" + uuid.uuid4().hex[:4]
+    monkeypatch.setenv("WANBENCH_PREFIX", value)
+    yield value
+    from emulator.clean import clean
+
+    clean(value)
+
+
+@pytest.fixture
+def write_yaml(tmp_path):
+    def write(text: str, name: str = "topo.yaml") -> str:
+        path = tmp_path / name
+        path.write_text(text)
+        return str(path)
+
+    return write
