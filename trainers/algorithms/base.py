@@ -1,0 +1,189 @@
+"""Base class every distributed algorithm derives from, and the context it is built with.
+
+An algorithm owns one training step: it computes gradients on its local batch, communicates
+through ``self.comm`` (never torch.distributed directly), and updates ``self.model``. The runner
+owns everything else (data, learning-rate schedule, records, evaluation, stopping).
+
+To add an algorithm: one file in this package with a subclass that sets ``name``, a ``Params``
+dataclass (checked in ``__post_init__``) and an explicit state object, then one line in
+``trainers/algorithms/__init__.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Callable, ClassVar, Iterable, Optional
+
+import torch
+from torch import nn
+
+from trainers.comm import Comm
+from trainers.config import OptimizerConfig
+
+
+@dataclass
+class NoParams:
+    """This algorithm has no hyperparameters."""
+
+
+@dataclass
+class AlgorithmContext:
+    """What an algorithm is built with.
+
+    Args:
+        model: the local replica, already on ``device`` and identically initialised on all ranks.
+        comm: the communication layer.
+        loss_fn: (model, batch) -> scalar loss tensor.
+        optimizer: local optimizer settings.
+        lr: initial learning rate (the runner calls ``set_lr`` every step).
+        device: compute device.
+    """
+
+    model: nn.Module
+    comm: Comm
+    loss_fn: Callable[[nn.Module, tuple], torch.Tensor]
+    optimizer: OptimizerConfig
+    lr: float
+    device: torch.device
+
+
+@dataclass
+class StepResult:
+    """What one step reports to the runner.
+
+    Args:
+        loss: local training loss of this step's batch.
+        staleness: age in steps of the remote information applied this step (None: not applicable).
+    """
+
+    loss: float
+    staleness: Optional[int] = None
+
+
+class Algorithm(ABC):
+    """One distributed training algorithm running on one rank.
+
+    Args:
+        params: instance of the subclass's ``Params`` dataclass (already validated).
+        ctx: the model, comm layer, loss and optimizer settings.
+    """
+
+    name: ClassVar[str]
+    Params: ClassVar[type] = NoParams
+    # False where communication happens inside a library we cannot time (torch DDP); the runner
+    # then records comm_blocked_s as null rather than a misleading 0.
+    measures_blocked_time: ClassVar[bool] = True
+
+    def __init__(self, params, ctx: AlgorithmContext):
+        self.params = params
+        self.ctx = ctx
+        self.model = ctx.model
+        self.comm = ctx.comm
+        self.lr = ctx.lr
+        self.optimizer = self.make_optimizer(self.model.parameters())
+
+    # -- the interface the runner calls -------------------------------------------------------
+
+    def setup(self) -> None:
+        """Make every rank start from rank 0's model (one broadcast). Called once before step 0."""
+        self.broadcast_tensors(list(self.model.parameters()) + list(self.model.buffers()), src=0)
+
+    @abstractmethod
+    def train_step(self, step: int, batch: tuple) -> StepResult:
+        """Run step ``step`` (0-based) on this rank's ``batch``; return the local loss."""
+
+    def set_lr(self, lr: float) -> None:
+        """Set the learning rate of the local optimizer for the coming step."""
+        self.lr = lr
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def deployable_model(self) -> nn.Module:
+        """The model this algorithm would deploy now (the average / centre / server copy).
+
+        Called on every rank at the same step, so it may communicate (collectively). The default
+        is the local replica, right for algorithms that keep replicas identical.
+        """
+        return self.model
+
+    def finish(self) -> None:
+        """Complete outstanding communication after the last step (called on every rank)."""
+
+    # -- helpers for subclasses -------------------------------------------------------------------
+
+    def make_optimizer(self, parameters: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        """The configured local optimizer (sgd with momentum/nesterov, or adamw) over ``parameters``."""
+        cfg = self.ctx.optimizer
+        if cfg.name == "sgd":
+            return torch.optim.SGD(
+                parameters, lr=self.ctx.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, weight_decay=cfg.weight_decay
+            )
+        return torch.optim.AdamW(parameters, lr=self.ctx.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+
+    def forward_backward(self, batch: tuple, model: Optional[nn.Module] = None) -> float:
+        """Zero gradients, compute the loss on ``batch`` and back-propagate; returns the loss."""
+        model = model or self.model
+        self.optimizer.zero_grad(set_to_none=False)
+        loss = self.ctx.loss_fn(model, batch)
+        loss.backward()
+        return loss.item()
+
+    def broadcast_tensors(self, tensors: list[torch.Tensor], src: int) -> None:
+        """Overwrite ``tensors`` on every rank with rank ``src``'s values, in one message per dtype."""
+        for group in _by_dtype(tensors):
+            flat = flatten(group)
+            self.comm.broadcast(flat, src=src)
+            unflatten_into(flat, group)
+
+    def average_tensors(self, tensors: list[torch.Tensor]) -> None:
+        """Replace ``tensors`` on every rank by their mean over ranks, in one all_reduce per dtype."""
+        for group in _by_dtype(t for t in tensors if t.is_floating_point()):
+            flat = flatten(group)
+            self.comm.all_reduce(flat, op="avg")
+            unflatten_into(flat, group)
+
+    def averaged_copy(self) -> nn.Module:
+        """A copy of the local model whose parameters and float buffers are the mean over ranks (collective).
+
+        Buffers (BatchNorm running statistics) are averaged too, so every rank holds the same model.
+        """
+        average = copy.deepcopy(self.model)
+        with torch.no_grad():
+            self.average_tensors(list(average.parameters()) + list(average.buffers()))
+        return average
+
+
+def flatten(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Concatenate ``tensors`` (same dtype and device) into one new 1-D buffer."""
+    return torch.cat([t.detach().reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
+
+
+def unflatten_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    """Copy consecutive slices of ``flat`` back into ``tensors`` (inverse of :func:`flatten`)."""
+    offset = 0
+    with torch.no_grad():
+        for tensor in tensors:
+            count = tensor.numel()
+            tensor.copy_(flat[offset : offset + count].view_as(tensor))
+            offset += count
+
+
+def grads_of(parameters: Iterable[torch.nn.Parameter]) -> list[torch.Tensor]:
+    """Gradient tensors of trainable parameters, allocating zeros where a gradient is missing."""
+    grads = []
+    for param in parameters:
+        if not param.requires_grad:
+            continue
+        if param.grad is None:
+            param.grad = torch.zeros_like(param)
+        grads.append(param.grad)
+    return grads
+
+
+def _by_dtype(tensors: Iterable[torch.Tensor]) -> list[list[torch.Tensor]]:
+    groups: dict[torch.dtype, list[torch.Tensor]] = {}
+    for tensor in tensors:
+        groups.setdefault(tensor.dtype, []).append(tensor)
+    return list(groups.values())

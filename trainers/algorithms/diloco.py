@@ -1,0 +1,107 @@
+"""`diloco`: DiLoCo (Douillard et al. 2023; OpenDiLoCo defaults), inner AdamW, outer Nesterov SGD.
+
+Every rank keeps the global model theta_g (identical everywhere) and a local replica. Each round:
+H inner AdamW steps on the replica (lr, betas and weight_decay from the config's optimizer
+section, schedule from lr_schedule); then the pseudo-gradient delta_i = theta_g - theta_local
+(pointing away from where local training went) is averaged with one all_reduce, and the outer
+optimizer takes theta_g <- theta_g - outer_lr * nesterov(mean delta), i.e. moves towards the
+replicas' mean. The replica restarts from the new theta_g; inner optimizer state persists.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from trainers.algorithms.base import Algorithm, AlgorithmContext, StepResult, flatten, unflatten_into
+from trainers.config import ConfigError, require_float, require_int
+
+
+@dataclass
+class DiLoCoParams:
+    """Args: H: inner steps per round; outer_lr: outer SGD learning rate; outer_momentum: its
+    Nesterov momentum; nesterov: use Nesterov (else heavy-ball) momentum in the outer step."""
+
+    H: int = 50
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    nesterov: bool = True
+
+    def __post_init__(self) -> None:
+        require_int("H", self.H, minimum=1)
+        require_float("outer_lr", self.outer_lr, minimum=0.0, min_exclusive=True)
+        require_float("outer_momentum", self.outer_momentum, minimum=0.0, maximum=1.0)
+        if self.nesterov and self.outer_momentum == 0.0:
+            raise ConfigError("nesterov", "needs outer_momentum > 0")
+
+
+@dataclass
+class DiLoCoState:
+    """inner_steps: inner steps in the current round; rounds: outer steps taken."""
+
+    inner_steps: int = 0
+    rounds: int = 0
+
+
+class DiLoCo(Algorithm):
+    """Inner AdamW on the local replica, outer Nesterov SGD on the averaged pseudo-gradient."""
+
+    name = "diloco"
+    Params = DiLoCoParams
+
+    def __init__(self, params: DiLoCoParams, ctx: AlgorithmContext):
+        super().__init__(params, ctx)
+        cfg = ctx.optimizer
+        # DiLoCo's inner optimizer is AdamW whatever optimizer.name says.
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=ctx.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
+        )
+        self.state = DiLoCoState()
+        self.global_model: nn.Module | None = None
+        self.outer_optimizer: torch.optim.Optimizer | None = None
+
+    def setup(self) -> None:
+        super().setup()
+        self.global_model = copy.deepcopy(self.model)
+        self.outer_optimizer = torch.optim.SGD(
+            self.global_model.parameters(),
+            lr=self.params.outer_lr,
+            momentum=self.params.outer_momentum,
+            nesterov=self.params.nesterov,
+        )
+
+    def train_step(self, step: int, batch: tuple) -> StepResult:
+        loss = self.forward_backward(batch)
+        self.optimizer.step()
+        self.state.inner_steps += 1
+        if self.state.inner_steps == self.params.H:
+            self._outer_step()
+        return StepResult(loss=loss)
+
+    def _outer_step(self) -> None:
+        global_params = list(self.global_model.parameters())
+        local_params = list(self.model.parameters())
+        pseudo_gradient = flatten(global_params) - flatten(local_params)
+        self.comm.all_reduce(pseudo_gradient, op="avg")
+        for param in global_params:
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+        unflatten_into(pseudo_gradient, [p.grad for p in global_params])
+        self.outer_optimizer.step()
+        # BatchNorm statistics are not trained by gradients: average them as they are.
+        local_buffers = [b for b in self.model.buffers() if b.is_floating_point()]
+        self.average_tensors(local_buffers)
+        with torch.no_grad():
+            for target, source in zip(self.global_model.buffers(), self.model.buffers()):
+                target.copy_(source)
+            for local, global_param in zip(local_params, global_params):
+                local.copy_(global_param)
+        self.state.inner_steps = 0
+        self.state.rounds += 1
+
+    def deployable_model(self) -> nn.Module:
+        """The global model theta_g (identical on every rank, no communication)."""
+        return self.global_model

@@ -1,0 +1,163 @@
+"""`sync`: gradient all-reduce every step, bucketed and overlapped with the backward pass.
+
+Parameters are grouped into buckets of about ``bucket_cap_mb`` in reverse registration order
+(roughly the order backward produces their gradients, as DDP does). A post-accumulate-grad hook
+per parameter counts ready gradients; when a bucket is complete its gradients are copied into the
+bucket's flat buffer and ``exchange_hook`` starts an asynchronous all-reduce, while backward keeps
+computing earlier layers. Before the optimizer step every bucket is waited on and the averaged
+gradients are copied back. Buckets are launched strictly in index order, so every rank issues
+the same sequence of collectives even if hooks fire in a different order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from trainers.algorithms.base import Algorithm, AlgorithmContext, StepResult
+from trainers.algorithms.hooks import ExchangeHook, allreduce_hook
+from trainers.comm import Comm, Work
+from trainers.config import require_float
+
+
+@dataclass
+class SyncParams:
+    """Args: bucket_cap_mb: bucket size (MiB, as DDP's bucket_cap_mb); broadcast_buffers: copy
+    rank 0's buffers (BatchNorm statistics) to all ranks before each forward, as DDP does."""
+
+    bucket_cap_mb: float = 25.0
+    broadcast_buffers: bool = True
+
+    def __post_init__(self) -> None:
+        require_float("bucket_cap_mb", self.bucket_cap_mb, minimum=0.0, min_exclusive=True)
+
+
+@dataclass
+class _Bucket:
+    params: list[torch.nn.Parameter]
+    buffer: torch.Tensor
+    ready: int = 0
+    work: Optional[Work] = None
+
+
+@dataclass
+class BucketState:
+    """Per-step state of the reducer: which buckets are launched, and how many so far."""
+
+    next_to_launch: int = 0
+    steps_reduced: int = 0
+
+
+class GradientBucketer:
+    """Averages gradients over ranks during backward, bucket by bucket (see module docstring).
+
+    Args:
+        parameters: model parameters (only those requiring grad are reduced).
+        comm: communication layer.
+        bucket_cap_bytes: target bucket size in bytes.
+        exchange_hook: exchange of one flat buffer (``allreduce_hook`` or a wrapped one).
+    """
+
+    def __init__(self, parameters, comm: Comm, bucket_cap_bytes: int, exchange_hook: ExchangeHook):
+        self.comm = comm
+        self.exchange_hook = exchange_hook
+        self.enabled = True
+        self.state = BucketState()
+        trainable = [p for p in parameters if p.requires_grad]
+        self.buckets: list[_Bucket] = []
+        current: list[torch.nn.Parameter] = []
+        current_bytes = 0
+        for param in reversed(trainable):
+            size = param.numel() * param.element_size()
+            # A new bucket when full or when the dtype/device changes (one flat buffer per bucket).
+            if current and (current_bytes + size > bucket_cap_bytes or not _same_kind(current[0], param)):
+                self._add_bucket(current)
+                current, current_bytes = [], 0
+            current.append(param)
+            current_bytes += size
+        if current:
+            self._add_bucket(current)
+        self._bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b.params}
+        self._handles = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in trainable]
+
+    def _add_bucket(self, params: list[torch.nn.Parameter]) -> None:
+        numel = sum(p.numel() for p in params)
+        self.buckets.append(_Bucket(params, torch.zeros(numel, dtype=params[0].dtype, device=params[0].device)))
+
+    def _on_grad_ready(self, param: torch.nn.Parameter) -> None:
+        if not self.enabled:
+            return
+        bucket = self.buckets[self._bucket_of[id(param)]]
+        bucket.ready += 1
+        # Launch every complete bucket in index order; a complete bucket waits for earlier ones.
+        while self.state.next_to_launch < len(self.buckets):
+            candidate = self.buckets[self.state.next_to_launch]
+            if candidate.ready < len(candidate.params):
+                break
+            self._launch(candidate)
+
+    def _launch(self, bucket: _Bucket) -> None:
+        offset = 0
+        for param in bucket.params:
+            count = param.numel()
+            target = bucket.buffer[offset : offset + count]
+            if param.grad is None:
+                target.zero_()
+            else:
+                target.copy_(param.grad.reshape(-1))
+            offset += count
+        bucket.work = self.exchange_hook(self.comm, bucket.buffer)
+        self.state.next_to_launch += 1
+
+    def wait_and_apply(self) -> None:
+        """Launch buckets whose parameters got no gradient, wait for all, write averages into .grad."""
+        while self.state.next_to_launch < len(self.buckets):
+            self._launch(self.buckets[self.state.next_to_launch])
+        for bucket in self.buckets:
+            averaged = bucket.work.wait()
+            offset = 0
+            for param in bucket.params:
+                count = param.numel()
+                if param.grad is None:
+                    param.grad = torch.zeros_like(param)
+                param.grad.copy_(averaged[offset : offset + count].view_as(param))
+                offset += count
+            bucket.ready = 0
+            bucket.work = None
+        self.state.next_to_launch = 0
+        self.state.steps_reduced += 1
+
+    def remove_hooks(self) -> None:
+        """Detach from the parameters (the bucketer cannot be used afterwards)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
+def _same_kind(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.device == b.device
+
+
+class Sync(Algorithm):
+    """Fully synchronous data parallelism: every step uses the gradient averaged over all ranks."""
+
+    name = "sync"
+    Params = SyncParams
+    exchange_hook: ExchangeHook = staticmethod(allreduce_hook)
+
+    def __init__(self, params: SyncParams, ctx: AlgorithmContext):
+        super().__init__(params, ctx)
+        self.bucketer = GradientBucketer(
+            self.model.parameters(), self.comm, int(params.bucket_cap_mb * 2**20), type(self).exchange_hook
+        )
+        self._buffers = list(self.model.buffers())
+
+    def train_step(self, step: int, batch: tuple) -> StepResult:
+        if self.params.broadcast_buffers and self._buffers:
+            self.broadcast_tensors(self._buffers, src=0)
+        loss = self.forward_backward(batch)
+        self.bucketer.wait_and_apply()
+        self.optimizer.step()
+        return StepResult(loss=loss)

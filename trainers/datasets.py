@@ -1,0 +1,395 @@
+"""Datasets (held in memory as tensors), seeded train/test splits, and IID / Dirichlet sharding.
+
+Every loader returns a :class:`DataBundle`. ``kind`` says what the inputs are: ``features``
+(float tensors of any shape, one class label per sample) or ``tokens`` (int64 sequences, one
+target token per position). Nothing is downloaded: file-based datasets read a user-given path and
+fail with a message saying what was expected there.
+"""
+
+from __future__ import annotations
+
+import gzip
+import pickle
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Literal, Optional
+
+import numpy as np
+import torch
+
+from trainers.config import ConfigError, DatasetConfig, require_float, require_int
+
+
+@dataclass
+class DataBundle:
+    """Train and held-out test tensors plus the shapes a model needs."""
+
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    input_shape: tuple[int, ...]
+    num_classes: int
+    kind: Literal["features", "tokens"]
+
+
+@dataclass
+class DatasetEntry:
+    """Registry entry: loader, its Params dataclass, and the kind of input it provides."""
+
+    load: Callable[[DatasetConfig, object, int], DataBundle]
+    Params: type
+    kind: str
+
+
+# ---------------------------------------------------------------------------------------------
+# Parameters of each dataset (dataset.params in the config).
+
+
+@dataclass
+class NoParams:
+    """This dataset takes no parameters."""
+
+
+@dataclass
+class SyntheticParams:
+    """Seeded Gaussian-cluster classification.
+
+    Args:
+        n_samples: total samples before the test split.
+        n_features: input dimension.
+        n_classes: number of classes (one cluster centre each).
+        noise: standard deviation of samples around their class centre (centres have norm ~3).
+    """
+
+    n_samples: int = 4000
+    n_features: int = 32
+    n_classes: int = 10
+    noise: float = 1.0
+
+    def __post_init__(self) -> None:
+        require_int("n_samples", self.n_samples, minimum=20)
+        require_int("n_features", self.n_features, minimum=1)
+        require_int("n_classes", self.n_classes, minimum=2)
+        require_float("noise", self.noise, minimum=0.0)
+
+
+@dataclass
+class TokenParams:
+    """Seeded synthetic token stream from a sparse random Markov chain (learnable structure).
+
+    Args:
+        vocab_size: number of distinct tokens.
+        seq_len: tokens per training sequence (targets are the next tokens).
+        n_sequences: total sequences before the test split.
+        branching: successors each token can have; lower is easier to predict.
+    """
+
+    vocab_size: int = 64
+    seq_len: int = 32
+    n_sequences: int = 2000
+    branching: int = 4
+
+    def __post_init__(self) -> None:
+        require_int("vocab_size", self.vocab_size, minimum=2)
+        require_int("seq_len", self.seq_len, minimum=2)
+        require_int("n_sequences", self.n_sequences, minimum=20)
+        require_int("branching", self.branching, minimum=1, maximum=self.vocab_size)
+
+
+@dataclass
+class ImageFolderParams:
+    """Folder of class sub-folders of images (PIL needed).
+
+    Args:
+        image_size: images are resized to image_size x image_size pixels, RGB.
+        max_per_class: cap on images read per class (None: all).
+    """
+
+    image_size: int = 32
+    max_per_class: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        require_int("image_size", self.image_size, minimum=4)
+        if self.max_per_class is not None:
+            require_int("max_per_class", self.max_per_class, minimum=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loaders.
+
+
+def _split(x: torch.Tensor, y: torch.Tensor, test_fraction: float, seed: int):
+    """Seeded shuffle and split into (train_x, train_y, test_x, test_y)."""
+    generator = torch.Generator().manual_seed(seed)
+    order = torch.randperm(len(x), generator=generator)
+    n_test = max(1, int(round(len(x) * test_fraction)))
+    test, train = order[:n_test], order[n_test:]
+    return x[train], y[train], x[test], y[test]
+
+
+def load_digits(cfg: DatasetConfig, params: NoParams, seed: int) -> DataBundle:
+    """sklearn's 8x8 digits (1797 images, shipped with scikit-learn), scaled to [0, 1]."""
+    from sklearn.datasets import load_digits as sk_load_digits
+
+    digits = sk_load_digits()
+    x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    y = torch.tensor(digits.target, dtype=torch.int64)
+    return DataBundle(*_split(x, y, cfg.test_fraction, seed), input_shape=(1, 8, 8), num_classes=10, kind="features")
+
+
+FASHION_MNIST_DEFAULT = "/usr/share/datasets/fashion-mnist"
+
+
+def _read_idx(path_stem: Path) -> np.ndarray:
+    """Read an IDX file, gzipped (``<stem>.gz``) or not (``<stem>``)."""
+    for candidate, opener in ((path_stem, open), (path_stem.with_name(path_stem.name + ".gz"), gzip.open)):
+        if candidate.is_file():
+            with opener(candidate, "rb") as handle:
+                data = handle.read()
+            break
+    else:
+        raise FileNotFoundError(f"{path_stem}[.gz] not found")
+    zero, dtype_code, ndim = struct.unpack(">HBB", data[:4])
+    if zero != 0 or dtype_code != 0x08:
+        raise ValueError(f"{path_stem}: not an unsigned-byte IDX file")
+    shape = struct.unpack(">" + "I" * ndim, data[4 : 4 + 4 * ndim])
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
+
+
+def load_fashion_mnist(cfg: DatasetConfig, params: NoParams, seed: int) -> DataBundle:
+    """Fashion-MNIST from IDX files (Debian package dataset-fashion-mnist by default)."""
+    root = Path(cfg.path or FASHION_MNIST_DEFAULT)
+    try:
+        arrays = {
+            name: _read_idx(root / f"{name}-idx{3 if 'images' in name else 1}-ubyte")
+            for name in ("train-images", "train-labels", "t10k-images", "t10k-labels")
+        }
+    except FileNotFoundError as error:
+        raise ConfigError(
+            "dataset.path",
+            f"Fashion-MNIST IDX files not found under {root} ({error}); install the Debian package "
+            "dataset-fashion-mnist or point dataset.path at a folder holding "
+            "train-images-idx3-ubyte[.gz] and the three other files",
+        ) from None
+
+    def images(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(a.astype(np.float32) / 255.0).unsqueeze(1)
+
+    return DataBundle(
+        images(arrays["train-images"]),
+        torch.from_numpy(arrays["train-labels"].astype(np.int64)),
+        images(arrays["t10k-images"]),
+        torch.from_numpy(arrays["t10k-labels"].astype(np.int64)),
+        input_shape=(1, 28, 28),
+        num_classes=10,
+        kind="features",
+    )
+
+
+def load_synthetic(cfg: DatasetConfig, params: SyntheticParams, seed: int) -> DataBundle:
+    """Gaussian clusters around seeded random class centres."""
+    generator = torch.Generator().manual_seed(seed + 1)
+    centres = torch.randn(params.n_classes, params.n_features, generator=generator)
+    centres *= 3.0 / centres.norm(dim=1, keepdim=True).clamp_min(1e-6)
+    y = torch.randint(params.n_classes, (params.n_samples,), generator=generator)
+    x = centres[y] + params.noise * torch.randn(params.n_samples, params.n_features, generator=generator)
+    return DataBundle(
+        *_split(x, y, cfg.test_fraction, seed),
+        input_shape=(params.n_features,),
+        num_classes=params.n_classes,
+        kind="features",
+    )
+
+
+def load_synthetic_tokens(cfg: DatasetConfig, params: TokenParams, seed: int) -> DataBundle:
+    """Sequences sampled from a seeded Markov chain where each token has ``branching`` successors."""
+    rng = np.random.default_rng(seed + 2)
+    successors = np.stack([rng.choice(params.vocab_size, params.branching, replace=False) for _ in range(params.vocab_size)])
+    length = params.seq_len + 1
+    tokens = np.empty((params.n_sequences, length), dtype=np.int64)
+    tokens[:, 0] = rng.integers(params.vocab_size, size=params.n_sequences)
+    for position in range(1, length):
+        pick = rng.integers(params.branching, size=params.n_sequences)
+        tokens[:, position] = successors[tokens[:, position - 1], pick]
+    data = torch.from_numpy(tokens)
+    x, y = data[:, :-1].contiguous(), data[:, 1:].contiguous()
+    return DataBundle(
+        *_split(x, y, cfg.test_fraction, seed),
+        input_shape=(params.seq_len,),
+        num_classes=params.vocab_size,
+        kind="tokens",
+    )
+
+
+def load_cifar10(cfg: DatasetConfig, params: NoParams, seed: int) -> DataBundle:
+    """CIFAR-10 from the python pickle batches (data_batch_1..5, test_batch) under dataset.path."""
+    if not cfg.path:
+        raise ConfigError("dataset.path", "cifar10 needs the folder holding data_batch_1..5 and test_batch")
+    root = Path(cfg.path)
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    missing = [n for n in names if not (root / n).is_file()]
+    if missing:
+        raise ConfigError(
+            "dataset.path",
+            f"CIFAR-10 python batches missing under {root}: {missing} (expected the extracted "
+            "cifar-10-batches-py folder; nothing is downloaded at run time)",
+        )
+
+    def read(name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        with open(root / name, "rb") as handle:
+            batch = pickle.load(handle, encoding="bytes")
+        x = torch.from_numpy(np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32)).float() / 255.0
+        return x, torch.tensor(batch[b"labels"], dtype=torch.int64)
+
+    train = [read(n) for n in names[:5]]
+    test_x, test_y = read("test_batch")
+    mean = torch.tensor([0.4914, 0.4822, 0.4465]).view(1, 3, 1, 1)
+    std = torch.tensor([0.2470, 0.2435, 0.2616]).view(1, 3, 1, 1)
+    train_x = (torch.cat([t[0] for t in train]) - mean) / std
+    return DataBundle(
+        train_x, torch.cat([t[1] for t in train]), (test_x - mean) / std, test_y,
+        input_shape=(3, 32, 32), num_classes=10, kind="features",
+    )
+
+
+def load_imagefolder(cfg: DatasetConfig, params: ImageFolderParams, seed: int) -> DataBundle:
+    """ImageNet-style folder: ``<path>/<class>/<image>``, or ``<path>/train`` + ``<path>/val``."""
+    try:
+        from PIL import Image
+    except ImportError:
+        raise ConfigError("dataset.name", "imagefolder needs Pillow (PIL), which is not installed") from None
+    if not cfg.path or not Path(cfg.path).is_dir():
+        raise ConfigError("dataset.path", f"imagefolder needs an existing folder of class sub-folders, got {cfg.path!r}")
+    root = Path(cfg.path)
+    size = params.image_size
+
+    def read_tree(folder: Path, classes: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        images, labels = [], []
+        for label, name in enumerate(classes):
+            files = sorted(p for p in (folder / name).iterdir() if p.is_file())[: params.max_per_class]
+            for file in files:
+                with Image.open(file) as image:
+                    array = np.asarray(image.convert("RGB").resize((size, size)), dtype=np.uint8)
+                images.append(torch.from_numpy(array.copy()).permute(2, 0, 1))
+                labels.append(label)
+        if not images:
+            raise ConfigError("dataset.path", f"no images found under {folder}")
+        return torch.stack(images).float() / 255.0, torch.tensor(labels, dtype=torch.int64)
+
+    if (root / "train").is_dir() and (root / "val").is_dir():
+        classes = sorted(p.name for p in (root / "train").iterdir() if p.is_dir())
+        train_x, train_y = read_tree(root / "train", classes)
+        test_x, test_y = read_tree(root / "val", classes)
+    else:
+        classes = sorted(p.name for p in root.iterdir() if p.is_dir())
+        if not classes:
+            raise ConfigError("dataset.path", f"{root} has no class sub-folders")
+        train_x, train_y, test_x, test_y = _split(*read_tree(root, classes), cfg.test_fraction, seed)
+    return DataBundle(train_x, train_y, test_x, test_y, input_shape=(3, size, size), num_classes=len(classes), kind="features")
+
+
+DATASETS: dict[str, DatasetEntry] = {
+    "digits": DatasetEntry(load_digits, NoParams, "features"),
+    "fashion_mnist": DatasetEntry(load_fashion_mnist, NoParams, "features"),
+    "synthetic": DatasetEntry(load_synthetic, SyntheticParams, "features"),
+    "synthetic_tokens": DatasetEntry(load_synthetic_tokens, TokenParams, "tokens"),
+    "cifar10": DatasetEntry(load_cifar10, NoParams, "features"),
+    "imagefolder": DatasetEntry(load_imagefolder, ImageFolderParams, "features"),
+}
+
+
+def get_dataset_entry(name: str) -> DatasetEntry:
+    """Registry lookup; KeyError names the known datasets."""
+    if name not in DATASETS:
+        raise KeyError(f"unknown dataset {name!r} (known: {sorted(DATASETS)})")
+    return DATASETS[name]
+
+
+def load_dataset(cfg: DatasetConfig, seed: int) -> DataBundle:
+    """Load dataset ``cfg.name`` with its resolved params; the test split is capped by max_test_samples."""
+    from trainers.config import from_dict
+
+    entry = get_dataset_entry(cfg.name)
+    bundle = entry.load(cfg, from_dict(entry.Params, cfg.params, "dataset.params"), seed)
+    if cfg.max_test_samples is not None:
+        bundle.test_x = bundle.test_x[: cfg.max_test_samples]
+        bundle.test_y = bundle.test_y[: cfg.max_test_samples]
+    return bundle
+
+
+# ---------------------------------------------------------------------------------------------
+# Sharding and batches.
+
+
+def shard_indices(
+    labels: torch.Tensor, world_size: int, shard: str, alpha: float, seed: int
+) -> list[torch.Tensor]:
+    """Split sample indices over ranks; every rank computes the same split from the same seed.
+
+    Args:
+        labels: class label per training sample (for tokens: any per-sample key, e.g. first token).
+        world_size: number of shards.
+        shard: iid (random equal shards) | dirichlet (per class, proportions ~ Dirichlet(alpha)).
+        alpha: Dirichlet concentration (smaller: each rank sees fewer classes).
+        seed: seed of the split.
+    """
+    n = len(labels)
+    if n < world_size:
+        raise ConfigError("batch_size", f"{n} training samples cannot be split over {world_size} ranks")
+    generator = torch.Generator().manual_seed(seed + 3)
+    if shard == "iid":
+        order = torch.randperm(n, generator=generator)
+        return [order[r::world_size].sort().values for r in range(world_size)]
+    rng = np.random.default_rng(seed + 3)
+    labels_np = labels.numpy()
+    shards: list[list[int]] = [[] for _ in range(world_size)]
+    for cls in np.unique(labels_np):
+        members = rng.permutation(np.flatnonzero(labels_np == cls))
+        proportions = rng.dirichlet([alpha] * world_size)
+        cuts = (np.cumsum(proportions)[:-1] * len(members)).astype(int)
+        for rank, part in enumerate(np.split(members, cuts)):
+            shards[rank].extend(part.tolist())
+    # A tiny alpha can leave a rank with nothing; give it a few samples from the largest shard
+    # rather than fail, so every rank can take steps.
+    for rank in range(world_size):
+        if not shards[rank]:
+            donor = max(range(world_size), key=lambda r: len(shards[r]))
+            take = max(1, len(shards[donor]) // (2 * world_size))
+            shards[rank], shards[donor] = shards[donor][:take], shards[donor][take:]
+    return [torch.tensor(sorted(s), dtype=torch.int64) for s in shards]
+
+
+class BatchSampler:
+    """Endless seeded batches from one rank's shard; reshuffles every epoch (a pass over the shard).
+
+    Args:
+        indices: this rank's sample indices.
+        batch_size: samples per batch.
+        seed: base seed (combine with the rank so ranks draw differently).
+    """
+
+    def __init__(self, indices: torch.Tensor, batch_size: int, seed: int):
+        self.indices = indices
+        self.batch_size = batch_size
+        self.generator = torch.Generator().manual_seed(seed)
+        self.epoch = 0
+        self._order = self.indices[torch.randperm(len(self.indices), generator=self.generator)]
+        self._position = 0
+
+    def next_indices(self) -> torch.Tensor:
+        """Indices of the next batch (wraps into a new epoch; a batch never mixes epochs)."""
+        if self._position + self.batch_size > len(self._order):
+            self.epoch += 1
+            self._order = self.indices[torch.randperm(len(self.indices), generator=self.generator)]
+            self._position = 0
+        end = min(self._position + self.batch_size, len(self._order))
+        batch = self._order[self._position : end]
+        self._position = end
+        return batch
+
+    @property
+    def epoch_float(self) -> float:
+        """Passes over the shard so far, fractional."""
+        return self.epoch + self._position / max(1, len(self._order))
