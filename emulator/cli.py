@@ -1,4 +1,4 @@
-"""The `wanbench` command: up, down, exec, verify, status, clean.
+"""The `wanbench` command: up, down, exec, verify, run, status, clean.
 
 Input files are validated before anything privileged happens; a bad file is one line on stderr
 naming the file and field, exit code 2. A system problem (not root, no TUN, no netem) is one line
@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import Optional
 
 from . import clean as clean_mod
@@ -187,6 +188,26 @@ def cmd_verify(args) -> int:
     return 0
 
 
+def cmd_run(args) -> int:
+    from rich.console import Console
+
+    from .results import summary_table
+    from .run import RUNS_ROOT, run_scenario
+    from .scenario import load_scenario
+
+    scenario = load_scenario(args.file)  # every check before anything privileged
+    backend = args.backend or scenario.spec.backend
+    if read_state(prefix()) is not None:
+        raise SystemCheckError(f"a network is already up under prefix {prefix()!r}; 'wanbench down' first")
+    with teardown_on_signals():
+        run_dir = run_scenario(scenario, backend, Path(args.output) if args.output else RUNS_ROOT)
+    import pandas as pd
+
+    table = pd.read_csv(run_dir / "summary.csv")
+    Console().print(summary_table(table, f"{scenario.name}: {run_dir}"))
+    return 0
+
+
 def cmd_status(args) -> int:
     state = read_state(prefix())
     if state is None:
@@ -241,6 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--omit", type=float, default=2.0, help="iperf3 seconds omitted for slow start (default 2)")
     p.add_argument("--no-throughput", action="store_true", help="RTT only")
     p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("run", help="run a scenario: build, verify, train every algorithm, compare, tear down")
+    p.add_argument("file", help="scenario file (scenarios/*.yaml)")
+    p.add_argument("--backend", choices=backends, default=None, help="overrides the scenario's backend")
+    p.add_argument("--output", help="runs folder (default results/runs)")
+    p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("status", help="what is up, with the backend's counters")
     p.set_defaults(func=cmd_status)

@@ -1,0 +1,270 @@
+"""`wanbench run`: build the network, verify it, run every job's trainers in the nodes, tear down.
+
+Layout of a run directory (results/runs/<scenario>/<run-id>/):
+    scenario.json          the resolved scenario (every job's full trainer config)
+    environment.json       versions, kernel, backend, CPU/GPU, git commit, date
+    <network-point>/verify.json
+    jobs/<job-id>/config.json, rank<N>.jsonl, rank<N>.log, job.json (status, times)
+    summary.csv            one row per job (see emulator/results.py)
+    COMPLETE               written last; its absence marks an incomplete run
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from .backends import REGISTRY
+from .netns import exec_argv
+from .plan import Plan, make_plan
+from .scenario import Job, Scenario
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+RUNS_ROOT = PROJECT_ROOT / "results" / "runs"
+# How long the other ranks may outlive a failed one before we end them.
+FAILED_RANK_GRACE_S = 10.0
+
+
+def write_json_atomic(path: Path, data) -> None:
+    """Write JSON via temp file + rename, so a reader never sees half a file."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    tmp.replace(path)
+
+
+def environment(backend: str) -> dict:
+    """What a benchmark number depends on: versions, machine, backend, commit, date."""
+    import torch
+
+    def git(*args):
+        try:
+            return subprocess.run(["git", *args], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                                  timeout=5).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "backend": backend,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "git_commit": git("rev-parse", "HEAD"),
+        "git_dirty": bool(git("status", "--porcelain")),
+    }
+
+
+@dataclasses.dataclass
+class JobOutcome:
+    job_id: str
+    status: str            # ok | failed | timeout | interrupted
+    wall_s: float
+    reason: str = ""
+
+
+def _terminate(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _last_records(path: Path, kinds=("step", "eval")) -> dict:
+    """The latest record of each kind in a JSONL file (read from its tail)."""
+    found: dict = {}
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - 16384))
+            lines = handle.read().splitlines()
+    except OSError:
+        return found
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        kind = record.get("kind")
+        if kind in kinds and kind not in found:
+            found[kind] = record
+        if len(found) == len(kinds):
+            break
+    return found
+
+
+def launch_job(plan: Plan, job: Job, job_dir: Path, master_port: int, timeout_s: float,
+               on_tick=None) -> JobOutcome:
+    """Run one job: one process per node, torchrun-style env, bounded by `timeout_s`."""
+    job_dir.mkdir(parents=True, exist_ok=True)
+    world = len(plan.nodes)
+    master = plan.nodes[0]
+    if job.command is None:
+        config = {**job.trainer_config, "output_dir": str(job_dir)}
+        write_json_atomic(job_dir / "config.json", config)
+        argv = [sys.executable, "-m", "trainers", str(job_dir / "config.json")]
+    else:
+        argv = list(job.command)
+    procs: list[subprocess.Popen] = []
+    logs = []
+    start = time.monotonic()
+    outcome: Optional[JobOutcome] = None
+    try:
+        for node in plan.nodes:
+            env = {**os.environ, "RANK": str(node.rank), "WORLD_SIZE": str(world),
+                   "LOCAL_RANK": "0", "MASTER_ADDR": master.address, "MASTER_PORT": str(master_port),
+                   "WANBENCH_NODE": node.name, "WANBENCH_OUTPUT_DIR": str(job_dir),
+                   "PYTHONPATH": str(PROJECT_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+            log = open(job_dir / f"rank{node.rank}.log", "w")
+            logs.append(log)
+            # start_new_session: a Ctrl-C in the terminal reaches us, and we end the ranks in order.
+            procs.append(subprocess.Popen(exec_argv(node, argv), env=env, stdout=log,
+                                          stderr=subprocess.STDOUT, start_new_session=True))
+        failed_at: Optional[float] = None
+        while True:
+            codes = [p.poll() for p in procs]
+            if all(code is not None for code in codes):
+                bad = [(i, c) for i, c in enumerate(codes) if c != 0]
+                status = "ok" if not bad else "failed"
+                reason = "" if not bad else "; ".join(f"rank {i} exited {c}" for i, c in bad)
+                outcome = JobOutcome(job.job_id, status, time.monotonic() - start, reason)
+                break
+            if failed_at is None and any(code not in (None, 0) for code in codes):
+                failed_at = time.monotonic()
+            if failed_at is not None and time.monotonic() - failed_at > FAILED_RANK_GRACE_S:
+                bad = [f"rank {i} exited {c}" for i, c in enumerate(codes) if c not in (None, 0)]
+                _terminate(procs)
+                outcome = JobOutcome(job.job_id, "failed", time.monotonic() - start,
+                                     "; ".join(bad) + "; the other ranks were ended")
+                break
+            if time.monotonic() - start > timeout_s:
+                _terminate(procs)
+                outcome = JobOutcome(job.job_id, "timeout", time.monotonic() - start,
+                                     f"no end after {timeout_s:.0f} s")
+                break
+            if on_tick:
+                on_tick(_last_records(job_dir / "rank0.jsonl"), time.monotonic() - start)
+            time.sleep(0.25)
+    except BaseException:
+        _terminate(procs)
+        outcome = JobOutcome(job.job_id, "interrupted", time.monotonic() - start, "interrupted")
+        raise
+    finally:
+        for log in logs:
+            log.close()
+        if outcome is not None:
+            write_json_atomic(job_dir / "job.json", {**dataclasses.asdict(outcome), "label": job.label,
+                                                     "algorithm": job.algorithm, "seed": job.seed,
+                                                     "network": dataclasses.asdict(job.network),
+                                                     "network_key": job.network.key,
+                                                     "params": job.params, "nodes": world})
+    return outcome
+
+
+def run_scenario(scenario: Scenario, backend_name: str, runs_root: Path = RUNS_ROOT,
+                 console=None) -> Path:
+    """Run every job of `scenario`; return the run directory (complete, or marked incomplete)."""
+    from rich.console import Console
+    from rich.live import Live
+    from rich.table import Table
+
+    from .cli import choose_backend
+    from .results import summarize, write_summary
+    from .verify import VerifyOptions, verify
+
+    console = console or Console(stderr=True)
+    backend_cls = choose_backend(backend_name)
+    run_id = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir = runs_root / scenario.name / run_id
+    run_dir.mkdir(parents=True, exist_ok=False)
+    write_json_atomic(run_dir / "scenario.json", {
+        "name": scenario.name, "source_file": scenario.source_file,
+        "spec": scenario.spec.model_dump(), "jobs": [dataclasses.asdict(j) for j in scenario.jobs]})
+    write_json_atomic(run_dir / "environment.json", environment(backend_cls.name))
+    spec = scenario.spec
+    stop = spec.stop
+    timeout_s = spec.job_timeout_s or ((stop.time_budget_s or 600) * 2 + 180)
+    port = spec.master_port
+
+    for point in scenario.network_points():
+        plan = make_plan(scenario.topology_for(point))
+        point_dir = run_dir / point.key
+        point_dir.mkdir()
+        (point_dir / "plan.json").write_text(plan.to_json())
+        backend = backend_cls(plan)
+        console.print(f"[bold]{point.key}[/]: {len(plan.nodes)} nodes on {backend.name}")
+        backend.up()
+        try:
+            if spec.verify.enabled:
+                options = VerifyOptions(probes=spec.verify.probes, throughput=spec.verify.throughput,
+                                        duration_s=spec.verify.duration_s, omit_s=0.0)
+                with console.status("verifying the network"):
+                    rows = verify(plan, options)
+                write_json_atomic(point_dir / "verify.json", rows)
+                worst = max(abs(r["rtt_p50_error_ms"]) for r in rows) if rows else 0.0
+                console.print(f"  verify: {len(rows)} pairs, worst RTT p50 error {worst:.3f} ms")
+            for job in [j for j in scenario.jobs if j.network == point]:
+                port = port + 1 if port < 65000 else spec.master_port  # a fresh port: no TIME_WAIT clash
+                state = {"step": 0, "loss": None, "acc": None, "elapsed": 0.0}
+
+                def render():
+                    table = Table.grid(padding=(0, 2))
+                    eta = ""
+                    if state["step"]:
+                        rate = state["step"] / max(state["elapsed"], 1e-9)
+                        left = (stop.steps - state["step"]) / rate
+                        if stop.time_budget_s:
+                            left = min(left, stop.time_budget_s - state["elapsed"])
+                        eta = f"ETA {max(0.0, left):.0f}s"
+                    loss = "-" if state["loss"] is None else f"{state['loss']:.3f}"
+                    acc = "-" if state["acc"] is None else f"{state['acc']:.3f}"
+                    table.add_row(f"[bold]{job.label}[/] seed {job.seed}", f"step {state['step']}/{stop.steps}",
+                                  f"loss {loss}", f"acc {acc}", f"{state['elapsed']:.0f}s", eta)
+                    return table
+
+                with Live(render(), console=console, refresh_per_second=4, transient=True) as live:
+                    def tick(records, elapsed):
+                        state["elapsed"] = elapsed
+                        if "step" in records:
+                            state["step"] = records["step"].get("step", 0)
+                            state["loss"] = records["step"].get("loss")
+                        if "eval" in records:
+                            state["acc"] = records["eval"].get("accuracy")
+                        live.update(render())
+
+                    outcome = launch_job(plan, job, run_dir / "jobs" / job.job_id, port, timeout_s, tick)
+                mark = "[green]ok[/]" if outcome.status == "ok" else f"[red]{outcome.status}[/] {outcome.reason}"
+                console.print(f"  {job.label} seed {job.seed}: {mark} in {outcome.wall_s:.1f}s, "
+                              f"step {state['step']}, acc {state['acc']}")
+        finally:
+            backend.down()
+    table = summarize(run_dir)
+    write_summary(run_dir, table)
+    (run_dir / "COMPLETE").write_text(datetime.datetime.now().isoformat())
+    return run_dir
