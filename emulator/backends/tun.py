@@ -1,0 +1,214 @@
+"""The `tun` backend: node namespaces joined by a userspace delay line (no sch_netem needed).
+
+`up` creates the namespaces, then starts `python -m emulator.delayline` as a background process in
+its own session (it outlives the CLI's `up`); that process owns one TUN device per node and shapes
+every ordered pair. Its pid, log and counters live in the run-state folder, so `down` works from
+another process. The TUN devices are not persistent: if the delay line dies, they vanish with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .. import netns
+from ..plan import Plan
+from .base import Backend, BackendUnavailable, clear_state, read_state, register
+
+READY_TIMEOUT_S = 30.0     # opening devices takes ~10 ms per node; python start-up dominates
+STOP_TIMEOUT_S = 5.0       # SIGTERM, then SIGKILL after this long
+LOG_TAIL_BYTES = 4000
+DELAYLINE_MODULE = "emulator.delayline"
+# The repository root, so that `-m emulator.delayline` resolves even when the caller's cwd differs.
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _log_tail(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return "(no log)"
+    return data[-LOG_TAIL_BYTES:].decode(errors="replace").strip() or "(empty log)"
+
+
+def is_our_delayline(pid: int, prefix: str) -> bool:
+    """True when `pid` is alive and is the delay line of `prefix` (pids get reused)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return DELAYLINE_MODULE.encode() in argv and any(f"/{prefix}/".encode() in arg for arg in argv)
+
+
+def _wait_gone(pid: int, timeout_s: float) -> bool:
+    """Wait up to `timeout_s` (s) for `pid` to exit; reap it if it is our child."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+            if done == pid:
+                return True
+        except ChildProcessError:
+            if not Path(f"/proc/{pid}").exists():
+                return True
+            # A zombie of another parent still has /proc/<pid>; its cmdline is then empty.
+            try:
+                if not Path(f"/proc/{pid}/cmdline").read_bytes():
+                    return True
+            except OSError:
+                return True
+        time.sleep(0.02)
+    return False
+
+
+def stop_delayline(pid: int, prefix: str, timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """SIGTERM the delay line `pid`, SIGKILL it after `timeout_s` (s); only if it is really ours."""
+    if not is_our_delayline(pid, prefix):
+        return
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    if _wait_gone(pid, timeout_s):
+        return
+    if is_our_delayline(pid, prefix):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        _wait_gone(pid, timeout_s)
+
+
+@register
+class TunBackend(Backend):
+    """Namespaces plus one userspace delay-line process that shapes every ordered pair."""
+
+    name = "tun"
+
+    @classmethod
+    def check_available(cls) -> None:
+        if not Path("/dev/net/tun").exists():
+            raise BackendUnavailable(
+                "/dev/net/tun is missing: load the tun module (`modprobe tun`) or, in a container, "
+                "pass the device through (docker run --device /dev/net/tun --cap-add NET_ADMIN)")
+        try:
+            netns.check_root()
+        except netns.SystemCheckError as exc:
+            raise BackendUnavailable(str(exc)) from None
+
+    @property
+    def folder(self) -> Path:
+        return self.state_dir(self.plan.prefix)
+
+    @property
+    def counters_path(self) -> Path:
+        return self.folder / "counters.json"
+
+    @property
+    def log_path(self) -> Path:
+        return self.folder / "delayline.log"
+
+    def delayline_argv(self, plan_path: Path, ready_fd: int) -> list[str]:
+        """The command line of the delay-line process (the state folder path names our prefix)."""
+        return [sys.executable, "-m", DELAYLINE_MODULE, "--plan", str(plan_path),
+                "--counters", str(self.counters_path), "--ready-fd", str(ready_fd)]
+
+    def up(self) -> None:
+        self.check_available()
+        existing = read_state(self.plan.prefix)
+        if existing is not None:
+            raise RuntimeError(
+                f"a network with prefix {self.plan.prefix!r} is already up ({self.folder}); "
+                f"run `down` first or pick another WANBENCH_PREFIX")
+        netns.check_address_pool_free(self.plan.address_pool)
+        pid = None
+        try:
+            netns.create_nodes(self.plan)
+            pid = self._start_delayline()
+            self.write_state(delayline_pid=pid, counters=str(self.counters_path),
+                             log=str(self.log_path), started_unix_s=round(time.time(), 3))
+        except BaseException:
+            if pid is not None:
+                stop_delayline(pid, self.plan.prefix)
+            netns.remove_nodes(self.plan)
+            clear_state(self.plan.prefix)
+            raise
+
+    def _start_delayline(self) -> int:
+        """Start the delay line, wait until it reports ready; return its pid or raise with its log."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        plan_path = self.folder / "delayline-plan.json"
+        plan_path.write_text(self.plan.to_json())
+        self.counters_path.unlink(missing_ok=True)
+        ready_read, ready_write = os.pipe()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), env.get("PYTHONPATH")]))
+        try:
+            with open(self.log_path, "ab") as log:
+                process = subprocess.Popen(
+                    self.delayline_argv(plan_path, ready_write), stdin=subprocess.DEVNULL,
+                    stdout=log, stderr=subprocess.STDOUT, pass_fds=(ready_write,),
+                    start_new_session=True, cwd=str(PACKAGE_ROOT), env=env)
+            os.close(ready_write)
+            ready_write = -1
+            try:
+                self._wait_ready(process, ready_read)
+            except BaseException:
+                stop_delayline(process.pid, self.plan.prefix)
+                if process.poll() is None:
+                    process.kill()
+                process.wait()
+                raise
+        finally:
+            os.close(ready_read)
+            if ready_write >= 0:
+                os.close(ready_write)
+        return process.pid
+
+    def _wait_ready(self, process: subprocess.Popen, ready_read: int) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        message = b""
+        while b"\n" not in message:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(f"delay line not ready after {READY_TIMEOUT_S:.0f} s; log "
+                                   f"{self.log_path}:\n{_log_tail(self.log_path)}")
+            readable, _, _ = select.select([ready_read], [], [], left)
+            if not readable:
+                continue
+            chunk = os.read(ready_read, 64)
+            if not chunk:  # the pipe closed without "ready": the process died
+                process.wait(timeout=STOP_TIMEOUT_S)
+                raise RuntimeError(f"delay line exited with status {process.returncode} before it "
+                                   f"was ready; log {self.log_path}:\n{_log_tail(self.log_path)}")
+            message += chunk
+
+    def down(self) -> None:
+        state = read_state(self.plan.prefix)
+        pid = (state[0] if state else {}).get("delayline_pid")
+        if pid is not None:
+            stop_delayline(int(pid), self.plan.prefix)
+        netns.remove_nodes(self.plan)
+        clear_state(self.plan.prefix)
+        (self.folder / "delayline-plan.json").unlink(missing_ok=True)
+
+    def counters(self) -> list[dict]:
+        """Per-pair counters from the delay line's last write (about once a second)."""
+        try:
+            data = json.loads(self.counters_path.read_text())
+        except (OSError, ValueError):
+            return []
+        return data.get("pairs", [])
+
+    def status(self) -> dict:
+        """The delay line's whole counters record (lag, unknown destinations, pairs), or {}."""
+        try:
+            return json.loads(self.counters_path.read_text())
+        except (OSError, ValueError):
+            return {}

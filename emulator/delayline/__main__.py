@@ -1,0 +1,57 @@
+"""Run the delay line: `python -m emulator.delayline --plan plan.json [--ready-fd N | --ready-file F]`.
+
+Started by the tun backend in its own session; it writes "ready" to the fd (or creates the file)
+once every node's TUN device is up, then runs until SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from .runtime import (
+    DEFAULT_EARLY_WAKE_US, DEFAULT_READ_BATCH, DEFAULT_REALTIME_PRIORITY, run_from_plan_file,
+)
+from .scheduler import JITTER_DISTRIBUTIONS
+
+READY_MESSAGE = b"ready\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m emulator.delayline", description=__doc__)
+    parser.add_argument("--plan", required=True, type=Path, help="plan JSON (Plan.to_json)")
+    parser.add_argument("--counters", type=Path, help="counters JSON, rewritten every second")
+    parser.add_argument("--ready-fd", type=int, help="write 'ready' to this inherited fd when up")
+    parser.add_argument("--ready-file", type=Path, help="create this file when up")
+    parser.add_argument("--seed", type=int, default=0, help="RNG seed for loss and jitter")
+    parser.add_argument("--jitter-distribution", choices=JITTER_DISTRIBUTIONS, default="uniform")
+    parser.add_argument("--early-wake-us", type=float, default=DEFAULT_EARLY_WAKE_US,
+                        help="stop sleeping this long (us) before a delivery and poll")
+    parser.add_argument("--read-batch", type=int, default=DEFAULT_READ_BATCH,
+                        help="frames read from one device per loop turn")
+    parser.add_argument("--realtime-priority", type=int, default=DEFAULT_REALTIME_PRIORITY,
+                        help="SCHED_FIFO priority of the loop (0: normal scheduling)")
+    args = parser.parse_args(argv)
+
+    def ready() -> None:
+        if args.ready_fd is not None:
+            os.write(args.ready_fd, READY_MESSAGE)
+            os.close(args.ready_fd)
+        if args.ready_file is not None:
+            tmp = args.ready_file.with_name(args.ready_file.name + ".tmp")
+            tmp.write_bytes(READY_MESSAGE)
+            tmp.rename(args.ready_file)
+        print(f"delayline: ready, pid {os.getpid()}", file=sys.stderr, flush=True)
+
+    run_from_plan_file(args.plan, args.counters, ready, seed=args.seed,
+                       jitter_distribution=args.jitter_distribution,
+                       early_wake_us=args.early_wake_us, read_batch=args.read_batch,
+                       realtime_priority=args.realtime_priority)
+    print("delayline: stopped", file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
