@@ -1,0 +1,36 @@
+"""The comm layer on 2 real gloo ranks: results of every operation and their byte/time accounting."""
+
+import json
+
+import pytest
+
+
+@pytest.mark.slow
+def test_every_operation_and_its_accounting(spawn_ranks, tmp_path):
+    from tests.trainers.workers import comm_worker
+
+    assert spawn_ranks(comm_worker, 2, str(tmp_path)) == [0, 0]
+    results = [json.loads((tmp_path / f"comm{r}.json").read_text()) for r in range(2)]
+    for rank, res in enumerate(results):
+        assert res["sum"] == 3.0
+        assert res["avg"] == 1.5
+        assert res["broadcast"] == [1.0] * 10
+        assert res["all_gather"] == [0.0, 1.0]
+        assert res["p2p"] == [float(i + 100 * (1 - rank)) for i in range(5)]
+        assert res["fp16_avg"] == 1.0 and res["fp16_same_buffer"]
+        # Ring model with n=2: 2(n-1)/n = 1 tensor each way per all_reduce.
+        assert res["after_all_reduce"] == 2 * 4000
+        assert res["fp16_bytes"] == 64 * 2
+        stats = res["stats"]
+        assert stats["all_reduce"]["calls"] == 3
+        assert stats["all_gather"]["bytes_sent"] == 12 and stats["all_gather"]["bytes_recv"] == 12
+        assert stats["barrier"]["calls"] == 1 and stats["barrier"]["bytes_sent"] == 0
+        sent_p2p = stats["send"]["bytes_sent"] + stats["isend"]["bytes_sent"]
+        recv_p2p = stats["recv"]["bytes_recv"] + stats["irecv"]["bytes_recv"]
+        assert sent_p2p == 20 and recv_p2p == 20
+        total_sent = sum(s["bytes_sent"] for s in stats.values())
+        assert res["totals"][0] == total_sent
+        assert res["totals"][2] > 0.0  # blocking calls took some time
+    # Broadcast: the root (rank 1) sends one copy to the other rank, which receives it.
+    assert results[1]["stats"]["broadcast"]["bytes_sent"] == 40 and results[1]["stats"]["broadcast"]["bytes_recv"] == 0
+    assert results[0]["stats"]["broadcast"]["bytes_recv"] == 40 and results[0]["stats"]["broadcast"]["bytes_sent"] == 0

@@ -1,0 +1,87 @@
+"""Config loading: strict keys, named fields in errors, resolved defaults, and the CLI's exit codes."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from trainers.config import ConfigError, load_config
+
+
+def base(**changes):
+    config = {"output_dir": "/tmp/unused", "algorithm": {"name": "sync"}}
+    config.update(changes)
+    return config
+
+
+@pytest.mark.parametrize(
+    "changes, field, fragment",
+    [
+        ({"stepz": 3}, "stepz", "unknown key"),
+        ({"model": {"name": "mlp", "width": 3}}, "model.width", "unknown key"),
+        ({"steps": 0}, "steps", "integer >= 1, got 0"),
+        ({"lr": -1}, "lr", "> 0.0"),
+        ({"batch_size": "8"}, "batch_size", "must be an integer"),
+        ({"device": "tpu"}, "device", "one of ['cpu', 'cuda']"),
+        ({"dataset": {"shard": "dirichlet", "alpha": 0}}, "dataset.alpha", "> 0.0"),
+        ({"optimizer": {"momentum": 1.5}}, "optimizer.momentum", "in [0.0, 1.0]"),
+        ({"lr_schedule": {"name": "linear"}}, "lr_schedule.name", "one of"),
+        ({"comm": {"backend": "nccl"}}, "comm.backend", "needs device: cuda"),
+        ({"algorithm": {"name": "local_sgd", "params": {"H": 0}}}, "algorithm.params.H", "integer >= 1, got 0"),
+        ({"algorithm": {"name": "dts", "params": {"t": -1}}}, "algorithm.params.t", "integer >= 0"),
+        ({"algorithm": {"name": "dts", "params": {"delay": 1}}}, "algorithm.params.delay", "unknown key"),
+        ({"algorithm": {"name": "diloco", "params": {"outer_lr": 0}}}, "algorithm.params.outer_lr", "> 0.0"),
+        ({"algorithm": {"name": "sync", "params": {"bucket_cap_mb": -2}}}, "algorithm.params.bucket_cap_mb", "> 0.0"),
+        ({"algorithm": {"name": "allreduce"}}, "algorithm.name", "unknown algorithm"),
+        ({"model": {"name": "mlp", "params": {"hidden_sizes": [0]}}}, "model.params.hidden_sizes[0]", ">= 1"),
+        ({"model": {"name": "transformer"}}, "model.name", "takes tokens inputs"),
+        ({"dataset": {"name": "synthetic", "params": {"n_classes": 1}}}, "dataset.params.n_classes", ">= 2"),
+    ],
+)
+def test_bad_values_fail_naming_the_field(changes, field, fragment):
+    with pytest.raises(ConfigError) as caught:
+        load_config(base(**changes))
+    assert caught.value.path == field
+    assert str(caught.value).startswith(f"{field}: ")
+    assert fragment in str(caught.value)
+
+
+def test_missing_output_dir_is_named():
+    with pytest.raises(ConfigError, match="^output_dir: is required"):
+        load_config({"steps": 3})
+
+
+def test_defaults_are_resolved_into_params():
+    config = load_config(base(algorithm={"name": "diloco", "params": {"H": 5}}))
+    assert config.algorithm.params == {"H": 5, "outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True}
+    assert config.model.params == {"hidden_sizes": [64]}
+
+
+def test_overrides_and_yaml_file(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("output_dir: out\nalgorithm: {name: local_sgd}\n")
+    config = load_config(path, {"algorithm.params.H": 8, "steps": 7})
+    assert config.algorithm.params["H"] == 8 and config.steps == 7
+
+
+def test_cli_check_prints_resolved_config_and_rejects_bad_files(tmp_path):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(base(algorithm={"name": "dts", "params": {"p": 2}})))
+    done = subprocess.run([sys.executable, "-m", "trainers", str(good), "--check"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["algorithm"]["params"] == {"p": 2, "t": 0}
+
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(base(algorithm={"name": "dts", "params": {"p": 0}})))
+    done = subprocess.run([sys.executable, "-m", "trainers", str(bad)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "algorithm.params.p: must be an integer >= 1, got 0" in done.stderr
+    assert str(bad) in done.stderr
+
+
+def test_cli_help_lists_algorithms():
+    done = subprocess.run([sys.executable, "-m", "trainers", "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0
+    for name in ("sync", "ddp", "local_sgd", "dts", "diloco", "RANK", "WORLD_SIZE"):
+        assert name in done.stdout

@@ -1,0 +1,118 @@
+"""Targets for spawned test ranks (importable by the spawn start method)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+
+def _init_env(rank: int, world_size: int, port: int) -> None:
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+    )
+    torch.set_num_threads(1)
+
+
+def comm_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """Exercise every Comm operation once; write what each returned and the accounting as JSON."""
+    _init_env(rank, world_size, port)
+    from trainers.algorithms.hooks import allreduce_hook, fp16_compress_wrapper
+    from trainers.comm import TorchComm
+
+    comm = TorchComm("gloo", timeout_s=60)
+    results: dict = {}
+    x = torch.full((1000,), float(rank + 1))
+    comm.all_reduce(x, op="sum")
+    results["sum"] = x[0].item()
+    x = torch.full((1000,), float(rank + 1))
+    work = comm.all_reduce(x, op="avg", async_op=True)
+    results["avg"] = work.wait()[0].item()
+    results["after_all_reduce"] = comm.stats.per_op["all_reduce"].bytes_sent
+    b = torch.full((10,), float(rank))
+    comm.broadcast(b, src=1)
+    results["broadcast"] = b.tolist()
+    outputs = [torch.zeros(3) for _ in range(world_size)]
+    comm.all_gather(outputs, torch.full((3,), float(rank)))
+    results["all_gather"] = [o[0].item() for o in outputs]
+    peer = 1 - rank
+    send = torch.arange(5, dtype=torch.float32) + 100 * rank
+    recv = torch.zeros(5)
+    if rank == 0:
+        comm.isend(send, peer).wait()
+        comm.recv(recv, peer)
+    else:
+        handle = comm.irecv(recv, peer)
+        handle.wait()
+        comm.send(send, peer)
+    results["p2p"] = recv.tolist()
+    comm.barrier()
+    # fp16 wrapper: payload halves, result lands in the original float32 buffer.
+    g = torch.full((64,), float(rank) + 0.5)
+    before = comm.stats.per_op["all_reduce"].bytes_sent
+    averaged = fp16_compress_wrapper(allreduce_hook)(comm, g).wait()
+    results["fp16_avg"] = averaged[0].item()
+    results["fp16_same_buffer"] = averaged.data_ptr() == g.data_ptr()
+    results["fp16_bytes"] = comm.stats.per_op["all_reduce"].bytes_sent - before
+    results["stats"] = {op: vars(s) for op, s in comm.stats.per_op.items()}
+    results["totals"] = [comm.stats.bytes_sent, comm.stats.bytes_recv, comm.stats.blocked_s]
+    comm.shutdown()
+    Path(out_dir, f"comm{rank}.json").write_text(json.dumps(results))
+
+
+def sync_union_worker(rank: int, world_size: int, port: int, out_dir: str, steps: int, bucket_cap_mb: float) -> None:
+    """Train with `sync` on slice ``rank`` of fixed global batches; save the final parameters."""
+    _init_env(rank, world_size, port)
+    from tests.trainers.reference import global_batches, make_model
+    from trainers.algorithms import AlgorithmContext
+    from trainers.algorithms.sync import Sync, SyncParams
+    from trainers.comm import TorchComm
+    from trainers.config import OptimizerConfig
+    from trainers.training import loss_fn
+
+    comm = TorchComm("gloo", timeout_s=60)
+    model = make_model()
+    ctx = AlgorithmContext(
+        model=model, comm=comm, loss_fn=loss_fn,
+        optimizer=OptimizerConfig(momentum=0.9, weight_decay=1e-3), lr=0.05, device=torch.device("cpu"),
+    )
+    algorithm = Sync(SyncParams(bucket_cap_mb=bucket_cap_mb), ctx)
+    algorithm.setup()
+    for step, (x, y) in enumerate(global_batches(steps)):
+        per_rank = len(x) // world_size
+        part = slice(rank * per_rank, (rank + 1) * per_rank)
+        algorithm.train_step(step, (x[part], y[part]))
+    algorithm.finish()
+    torch.save(model.state_dict(), Path(out_dir, f"sync{rank}.pt"))
+    Path(out_dir, f"buckets{rank}.json").write_text(json.dumps(len(algorithm.bucketer.buckets)))
+    comm.shutdown()
+
+
+def failing_worker(rank: int, world_size: int, port: int, out_dir: str, fail_rank: int, fail_step: int) -> None:
+    """Run the real runner with a `sync` subclass that raises on one rank at one step."""
+    _init_env(rank, world_size, port)
+    from trainers.algorithms import register_algorithm
+    from trainers.algorithms.sync import Sync
+    from trainers.config import load_config
+    from trainers.runner import run
+
+    @register_algorithm
+    class FailingSync(Sync):
+        name = "failing_sync"
+
+        def train_step(self, step, batch):
+            if self.comm.rank == fail_rank and step == fail_step:
+                raise RuntimeError(f"injected fault at step {step}")
+            return super().train_step(step, batch)
+
+    config = load_config({
+        "output_dir": out_dir, "steps": 20, "eval_every": 100, "batch_size": 8,
+        "algorithm": {"name": "failing_sync"}, "comm": {"timeout_s": 30},
+    })
+    try:
+        run(config)
+    except Exception:
+        raise SystemExit(1)
