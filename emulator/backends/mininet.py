@@ -37,6 +37,7 @@ import os
 import re
 import select
 import shlex
+import shutil
 import signal
 import subprocess
 import time
@@ -148,7 +149,10 @@ def shaping_batch(plan: Plan, node: Node) -> str:
 # ---- the delay check (pure) ---------------------------------------------------------------------
 
 def check_pair(plan: Plan) -> tuple[Node, Node]:
-    """The pair with the largest round-trip delay (first by rank on ties): the easiest to measure."""
+    """The pair with the largest round-trip delay (first by rank on ties): the easiest to measure.
+
+    plan: at least two nodes. Returns (src, dst); the check pings dst from src.
+    """
     best, best_rtt = None, -1.0
     for src, dst, spec in plan.pairs():
         rtt = spec.one_way_delay_ms + plan.link(dst, src).one_way_delay_ms
@@ -160,7 +164,7 @@ def check_pair(plan: Plan) -> tuple[Node, Node]:
 
 
 def expected_rtt_ms(plan: Plan, src: Node, dst: Node) -> tuple[float, float]:
-    """(configured RTT, lowest RTT jitter allows), in ms, for src -> dst -> src."""
+    """(configured RTT, lowest RTT jitter allows), both in ms, for src -> dst -> src."""
     there, back = plan.link(src, dst), plan.link(dst, src)
     rtt = there.one_way_delay_ms + back.one_way_delay_ms
     return rtt, rtt - there.jitter_ms - back.jitter_ms
@@ -184,7 +188,10 @@ def delay_applied(lowest_expected_rtt_ms: float, measured_min_rtt_ms: float) -> 
 
 def no_delay_message(src: Node, dst: Node, expected_ms: float, measured_ms: float,
                      tc_errors: dict[str, str]) -> str:
-    """The error for a delay that did not take effect; names the cause when tc told us."""
+    """The error for a delay that did not take effect; names the cause when tc told us.
+
+    expected_ms, measured_ms: configured and measured minimum RTT (ms); tc_errors: node -> tc stderr.
+    """
     no_netem = any(NO_NETEM_MARK in err for err in tc_errors.values())
     cause = "the kernel has no sch_netem, the delay" if no_netem else "the delay"
     message = (f"mininet backend: {cause} was not applied (measured {measured_ms:.2f} ms for "
@@ -267,8 +274,6 @@ class MininetBackend(Backend):
     def check_available(cls) -> None:
         if os.geteuid() != 0:
             raise BackendUnavailable("mininet backend needs root (namespaces, bridges): run with sudo")
-        import shutil
-
         for tool, fix in REQUIRED_TOOLS.items():
             if shutil.which(tool) is None:
                 raise BackendUnavailable(f"mininet backend: `{tool}` not found; {fix}")
