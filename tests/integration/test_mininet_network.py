@@ -133,3 +133,17 @@ def test_network_layout_exec_and_down_from_another_process(plan):
     assert read_state(PREFIX) is None
     MininetBackend(plan).down()  # idempotent
     assert leftovers() == []
+
+
+class InterruptedAfterAttach(MininetBackend):
+    """Ctrl-C (a BaseException) after the namespaces are attached, before shaping."""
+
+    def _configure_nodes(self):
+        raise KeyboardInterrupt
+
+
+def test_interrupted_up_tears_everything_down(plan):
+    with pytest.raises(KeyboardInterrupt):
+        InterruptedAfterAttach(plan).up()
+    assert leftovers() == []
+    assert read_state(PREFIX) is None
