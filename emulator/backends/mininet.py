@@ -326,8 +326,11 @@ class MininetBackend(Backend):
                 stdout=subprocess.PIPE, stderr=log, start_new_session=True)
         # Recorded before anything else, so a `down` from another process finds it if we die now.
         self.write_state(driver_pid=self._driver.pid, pids={})
-        self._driver.stdin.write(json.dumps(driver_spec(self.plan)).encode())
-        self._driver.stdin.close()
+        try:
+            self._driver.stdin.write(json.dumps(driver_spec(self.plan)).encode())
+            self._driver.stdin.close()
+        except BrokenPipeError:
+            pass  # it died at start; its log says why, and the missing ready line reports it below
         timeout_s = READY_TIMEOUT_BASE_S + READY_TIMEOUT_PER_NODE_S * len(self.plan.nodes)
         ready, _, _ = select.select([self._driver.stdout], [], [], timeout_s)
         line = self._driver.stdout.readline() if ready else b""
