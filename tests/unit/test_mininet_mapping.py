@@ -142,3 +142,21 @@ def test_driver_command_line_is_what_clean_looks_for(monkeypatch):
     assert "emulator." in line
     assert argv[1] == "-I"  # the venv's PYTHONPATH must not leak into the system Python
     assert argv[2].endswith("emulator/backends/mininet_driver.py")
+
+
+def test_check_available_says_how_to_fix(monkeypatch):
+    from emulator.backends.base import BackendUnavailable
+
+    monkeypatch.setattr(mininet.os, "geteuid", lambda: 1000)
+    with pytest.raises(BackendUnavailable, match="needs root.*sudo"):
+        mininet.MininetBackend.check_available()
+
+    monkeypatch.setattr(mininet.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(mininet.shutil, "which", lambda tool: None if tool == "brctl" else f"/usr/bin/{tool}")
+    with pytest.raises(BackendUnavailable, match="`brctl` not found; apt-get install bridge-utils"):
+        mininet.MininetBackend.check_available()
+
+    monkeypatch.setattr(mininet.shutil, "which", lambda tool: f"/usr/bin/{tool}")
+    monkeypatch.setattr(mininet, "MININET_PYTHON", "/nonexistent/python3")
+    with pytest.raises(BackendUnavailable, match="cannot import mininet.*apt-get install mininet bridge-utils"):
+        mininet.MininetBackend.check_available()
