@@ -18,9 +18,14 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 def resolve_relative(name: str, base_file: Path, folder: str) -> Optional[Path]:
     """Find `name` next to `base_file`, in the current folder, or in the project's `folder`."""
+    if not name or len(name) > 4096 or "\x00" in name:
+        return None
     for candidate in (base_file.parent / name, Path(name), PROJECT_ROOT / folder / name):
-        if candidate.is_file():
-            return candidate
+        try:
+            if candidate.is_file():
+                return candidate
+        except OSError:  # a name too long for the file system is simply not found
+            continue
     return None
 
 

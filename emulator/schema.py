@@ -45,12 +45,15 @@ def load_yaml_mapping(path: str | os.PathLike) -> dict[str, Any]:
     """Read a YAML file that must hold a mapping; raise ConfigError for anything else."""
     source = str(path)
     file = Path(path)
-    if not file.is_file():
-        raise ConfigError(source, "", "no such file" if not file.exists() else "not a regular file")
-    size = file.stat().st_size
-    if size > MAX_FILE_BYTES:
-        raise ConfigError(source, "", f"file is {size} bytes, more than the {MAX_FILE_BYTES} allowed")
-    raw = file.read_bytes()
+    try:
+        if not file.is_file():
+            raise ConfigError(source, "", "no such file" if not file.exists() else "not a regular file")
+        size = file.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise ConfigError(source, "", f"file is {size} bytes, more than the {MAX_FILE_BYTES} allowed")
+        raw = file.read_bytes()
+    except OSError as exc:
+        raise ConfigError(source, "", f"cannot read: {exc.strerror or exc}") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -78,7 +81,10 @@ def field_path(loc: tuple) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
-            out += ("." if out else "") + str(part)
+            text = str(part)
+            if not text.isprintable() or not text or any(c in text for c in " .[]:"):
+                text = repr(text)  # a key made of control characters must not break the line
+            out += ("." if out else "") + text
     return out or "(top level)"
 
 
@@ -95,4 +101,4 @@ def config_error_from_pydantic(source: str, exc: pydantic.ValidationError) -> Co
     count = exc.error_count()
     if count > 1:
         message += f" (and {count - 1} more error{'s' if count > 2 else ''})"
-    return ConfigError(source, field_path(loc), message.replace("\n", " "))
+    return ConfigError(source, field_path(loc), " ".join(message.split()))
