@@ -1,4 +1,4 @@
-"""The `wanbench` command: up, down, exec, verify, run, status, clean.
+"""The `wanbench` command: up, down, exec, verify, run, report, regress, status, clean.
 
 Input files are validated before anything privileged happens; a bad file is one line on stderr
 naming the file and field, exit code 2. A system problem (not root, no TUN, no netem) is one line
@@ -37,7 +37,15 @@ class Interrupted(Exception):
 def teardown_on_signals():
     """Turn SIGTERM (and SIGINT) into an exception so every `finally` runs."""
 
+    owner = os.getpid()
+
     def handler(signum, frame):
+        if os.getpid() != owner:
+            # A forked child (pyroute2 forks to create namespaces and ends the child with SIGTERM)
+            # must die as by default, not unwind our stack and tear down the parent's network.
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         raise Interrupted(signal.Signals(signum).name)
 
     old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
@@ -227,6 +235,40 @@ def cmd_clean(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    from rich.console import Console
+
+    from .report import default_out_dir, incomplete_message, write_report
+    from .results import summary_table
+
+    outcome = write_report(args.run_dirs, Path(args.out) if args.out else default_out_dir(args.run_dirs))
+    out = Console(highlight=False)
+    import pandas as pd
+
+    combined = pd.read_csv(outcome.combined_csv)
+    for run_name, rows in combined.groupby("run", sort=False):
+        out.print(summary_table(rows, run_name))
+    console = _console()
+    for run in outcome.incomplete:
+        console.print(f"[bold red]{incomplete_message(run)}[/]")
+    for name, why in outcome.skipped_figures.items():
+        console.print(f"report: {name} not drawn: {why}")
+    console.print(f"report: {outcome.markdown} ({len(outcome.figures)} figure files, {outcome.combined_csv})")
+    return 0
+
+
+def cmd_regress(args) -> int:
+    from .regress import BASELINES, CI_SCENARIOS, regress
+
+    if read_state(prefix()) is not None:
+        raise SystemCheckError(f"a network is already up under prefix {prefix()!r}; 'wanbench down' first")
+    with teardown_on_signals():
+        return regress(Path(args.scenarios) if args.scenarios else CI_SCENARIOS,
+                       Path(args.baselines) if args.baselines else BASELINES, backend=args.backend,
+                       runs_root=Path(args.output) if args.output else None,
+                       update_baselines=args.update_baselines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="wanbench", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -268,6 +310,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=backends, default=None, help="overrides the scenario's backend")
     p.add_argument("--output", help="runs folder (default results/runs)")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("report", help="summary tables (markdown, CSV) and figures (PNG, SVG) of run directories")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="results/runs/<scenario>/<run-id>")
+    p.add_argument("--out", metavar="DIR", help="output folder (default RUN_DIR/report for one run, "
+                                                "else results/reports/<time>)")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("regress", help="run scenarios/ci/*.yaml and compare with results/baselines/ (exit 1 on regression)")
+    p.add_argument("--scenarios", metavar="DIR", help="scenario folder (default scenarios/ci)")
+    p.add_argument("--baselines", metavar="DIR", help="baseline folder with tolerances.yaml (default results/baselines)")
+    p.add_argument("--backend", choices=backends, default=None, help="overrides each scenario's backend")
+    p.add_argument("--output", help="runs folder (default results/runs)")
+    p.add_argument("--update-baselines", action="store_true", help="write each run's summary as the new baseline")
+    p.set_defaults(func=cmd_regress)
 
     p = sub.add_parser("status", help="what is up, with the backend's counters")
     p.set_defaults(func=cmd_status)

@@ -1,6 +1,6 @@
 """Network backends, one per file; importing this package registers them all."""
 
 from .base import REGISTRY, Backend, BackendUnavailable, clear_state, read_state, register
-from . import tc  # noqa: F401  (registers "tc")
+from . import mininet, tc, tun  # noqa: F401  (each registers itself)
 
 __all__ = ["REGISTRY", "Backend", "BackendUnavailable", "clear_state", "read_state", "register"]
