@@ -62,6 +62,13 @@ def _console():
     return Console(stderr=True, highlight=False)
 
 
+def stdout_console():
+    """Tables go to stdout; when that is a file or pipe, do not squeeze them into 80 columns."""
+    from rich.console import Console
+
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+
+
 def choose_backend(name: str) -> type[Backend]:
     """The backend class for `--backend`; `auto` takes tc where netem works, else tun."""
     if name != "auto":
@@ -190,15 +197,11 @@ def cmd_verify(args) -> int:
     if args.json:
         print(json.dumps(rows))
     else:
-        from rich.console import Console
-
-        Console().print(_verify_table(rows, f"{plan.topology_name} on {backend.name}: spec vs measured"))
+        stdout_console().print(_verify_table(rows, f"{plan.topology_name} on {backend.name}: spec vs measured"))
     return 0
 
 
 def cmd_run(args) -> int:
-    from rich.console import Console
-
     from .results import summary_table
     from .run import RUNS_ROOT, run_scenario
     from .scenario import load_scenario
@@ -212,7 +215,7 @@ def cmd_run(args) -> int:
     import pandas as pd
 
     table = pd.read_csv(run_dir / "summary.csv")
-    Console().print(summary_table(table, f"{scenario.name}: {run_dir}"))
+    stdout_console().print(summary_table(table, f"{scenario.name}: {run_dir}"))
     return 0
 
 

@@ -98,6 +98,19 @@ def remove_nodes(plan: Plan) -> None:
         remove_namespace(node.namespace)
 
 
+def interface_of(node: Node) -> str:
+    """The name of the interface that holds the node's address inside its namespace.
+
+    Processes in a node must bind there: gloo and NCCL otherwise resolve the (shared) host name and
+    may pick 127.0.0.1, which other nodes cannot reach.
+    """
+    with NetNS(node.namespace) as ns:
+        for addr in ns.get_addr(family=2):
+            if addr.get_attr("IFA_ADDRESS") == node.address:
+                return ns.get_links(addr["index"])[0].get_attr("IFLA_IFNAME")
+    raise RuntimeError(f"node {node.name}: no interface holds {node.address} in {node.namespace}")
+
+
 def exec_argv(node: Node, argv: list[str]) -> list[str]:
     """The argument list that runs `argv` inside a node (hosts file included)."""
     return ["ip", "netns", "exec", node.namespace, *argv]

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Optional
 
 from .backends import REGISTRY
-from .netns import exec_argv
+from .netns import exec_argv, interface_of
 from .plan import Plan, make_plan
 from .scenario import Job, Scenario
 
@@ -137,7 +137,9 @@ def launch_job(plan: Plan, job: Job, job_dir: Path, master_port: int, timeout_s:
     outcome: Optional[JobOutcome] = None
     try:
         for node in plan.nodes:
-            env = {**os.environ, "RANK": str(node.rank), "WORLD_SIZE": str(world),
+            ifname = interface_of(node)
+            env = {**os.environ, "GLOO_SOCKET_IFNAME": ifname, "NCCL_SOCKET_IFNAME": ifname,
+                   "TP_SOCKET_IFNAME": ifname, "RANK": str(node.rank), "WORLD_SIZE": str(world),
                    "LOCAL_RANK": "0", "MASTER_ADDR": master.address, "MASTER_PORT": str(master_port),
                    "WANBENCH_NODE": node.name, "WANBENCH_OUTPUT_DIR": str(job_dir),
                    "PYTHONPATH": str(PROJECT_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
