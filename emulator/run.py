@@ -7,6 +7,7 @@ Layout of a run directory (results/runs/<scenario>/<run-id>/):
     jobs/<job-id>/config.json, rank<N>.jsonl, rank<N>.log, job.json (status, times)
     summary.csv            one row per job (see emulator/results.py)
     COMPLETE               written last; its absence marks an incomplete run
+    INTERRUPTED            written instead when a signal or an error ended the run (with why)
 """
 
 from __future__ import annotations
@@ -193,12 +194,9 @@ def run_scenario(scenario: Scenario, backend_name: str, runs_root: Path = RUNS_R
                  console=None) -> Path:
     """Run every job of `scenario`; return the run directory (complete, or marked incomplete)."""
     from rich.console import Console
-    from rich.live import Live
-    from rich.table import Table
 
     from .cli import choose_backend
     from .results import summarize, write_summary
-    from .verify import VerifyOptions, verify
 
     console = console or Console(stderr=True)
     backend_cls = choose_backend(backend_name)
@@ -209,11 +207,35 @@ def run_scenario(scenario: Scenario, backend_name: str, runs_root: Path = RUNS_R
         "name": scenario.name, "source_file": scenario.source_file,
         "spec": scenario.spec.model_dump(), "jobs": [dataclasses.asdict(j) for j in scenario.jobs]})
     write_json_atomic(run_dir / "environment.json", environment(backend_cls.name))
+    stop = scenario.spec.stop
+    timeout_s = scenario.spec.job_timeout_s or ((stop.time_budget_s or 600) * 2 + 180)
+
+    try:
+        _run_points(scenario, backend_cls, run_dir, console, timeout_s)
+    except BaseException as exc:
+        # Keep what was recorded and say so: `report` flags runs without COMPLETE.
+        (run_dir / "INTERRUPTED").write_text(f"{type(exc).__name__}: {exc}\n")
+        try:
+            write_summary(run_dir, summarize(run_dir))
+        except Exception:  # noqa: BLE001 - a partial summary is a courtesy, never a second failure
+            pass
+        raise
+    table = summarize(run_dir)
+    write_summary(run_dir, table)
+    (run_dir / "COMPLETE").write_text(datetime.datetime.now().isoformat())
+    return run_dir
+
+
+def _run_points(scenario: Scenario, backend_cls, run_dir: Path, console, timeout_s: float) -> None:
+    """Build each network point in turn, verify it, run its jobs, tear it down."""
+    from rich.live import Live
+    from rich.table import Table
+
+    from .verify import VerifyOptions, verify
+
     spec = scenario.spec
     stop = spec.stop
-    timeout_s = spec.job_timeout_s or ((stop.time_budget_s or 600) * 2 + 180)
     port = spec.master_port
-
     for point in scenario.network_points():
         plan = make_plan(scenario.topology_for(point))
         point_dir = run_dir / point.key
@@ -266,7 +288,3 @@ def run_scenario(scenario: Scenario, backend_name: str, runs_root: Path = RUNS_R
                               f"step {state['step']}, acc {state['acc']}")
         finally:
             backend.down()
-    table = summarize(run_dir)
-    write_summary(run_dir, table)
-    (run_dir / "COMPLETE").write_text(datetime.datetime.now().isoformat())
-    return run_dir
