@@ -154,6 +154,17 @@ class Comm(ABC):
         """Start receiving into ``tensor`` from ``src``; its content is valid after ``wait()``."""
         return self._run("irecv", 0, _nbytes(tensor), True, lambda: self._irecv(tensor, src))
 
+    def irecv_any(self, tensor: torch.Tensor) -> Work:
+        """Start receiving into ``tensor`` from whichever rank sends first; ``wait()`` returns that rank (int).
+
+        Accounted as an ``irecv``. Messages between one pair of ranks still arrive in the order sent.
+        """
+        return self._run("irecv", 0, _nbytes(tensor), True, lambda: self._irecv_any(tensor))
+
+    def recv_any(self, tensor: torch.Tensor) -> int:
+        """Receive into ``tensor`` from whichever rank sends first; blocks; returns the sender's rank."""
+        return self._run("recv", 0, _nbytes(tensor), True, lambda: self._irecv_any(tensor)).wait()
+
     def barrier(self) -> None:
         """Block until every rank reached the barrier."""
         self._run("barrier", 0, 0, False, self._barrier)
@@ -184,6 +195,10 @@ class Comm(ABC):
 
     @abstractmethod
     def _barrier(self) -> tuple[Callable, Callable]: ...
+
+    def _irecv_any(self, tensor: torch.Tensor) -> tuple[Callable, Callable]:
+        """Receive from any source; the wait function returns the sender's rank. Optional for backends."""
+        raise NotImplementedError(f"{type(self).__name__} cannot receive from any source (recv_any/irecv_any)")
 
     # -- accounting -----------------------------------------------------------------------------
 
@@ -305,6 +320,17 @@ class TorchComm(Comm):
         payload, copy_back = self._staged(tensor)
         work = self._dist.irecv(payload, src=src)
         return self._finish(work, copy_back, tensor)
+
+    def _irecv_any(self, tensor):
+        payload, copy_back = self._staged(tensor)
+        work = self._dist.irecv(payload, src=None)  # src None: any source (gloo; nccl cannot)
+
+        def wait_fn() -> int:
+            work.wait()
+            copy_back()
+            return work._source_rank()  # what torch.distributed.recv itself returns for src=None
+
+        return wait_fn, work.is_completed
 
     def _barrier(self):
         work = self._dist.barrier(async_op=True)

@@ -13,22 +13,17 @@ from trainers.launch import RankExit, free_port, launch_local
 from trainers.records import read_records
 
 
-@pytest.fixture
-def spawn_ranks():
-    """Run ``target(rank, world_size, port, *args)`` in ``world_size`` spawned processes.
-
-    Returns the exit codes; processes still alive at the timeout (or at teardown) are
-    terminated, then killed.
-    """
+def _spawner():
+    """A (run, stop) pair: run starts ranks and waits with a deadline; stop ends leftovers."""
     context = multiprocessing.get_context("spawn")
     started: list[multiprocessing.Process] = []
 
     def run(target, world_size: int, *args, timeout_s: float = 90.0) -> list[int]:
         port = free_port()
         processes = [context.Process(target=target, args=(rank, world_size, port, *args)) for rank in range(world_size)]
-        started.extend(processes)
         for process in processes:
             process.start()
+            started.append(process)
         deadline = time.monotonic() + timeout_s
         for process in processes:
             process.join(max(0.0, deadline - time.monotonic()))
@@ -36,15 +31,37 @@ def spawn_ranks():
             raise TimeoutError(f"ranks still running after {timeout_s} s")
         return [p.exitcode for p in processes]
 
+    def stop():
+        for process in started:
+            if process.is_alive():
+                process.terminate()
+        for process in started:
+            process.join(5)
+            if process.is_alive():
+                process.kill()
+                process.join()
+
+    return run, stop
+
+
+@pytest.fixture
+def spawn_ranks():
+    """Run ``target(rank, world_size, port, *args)`` in ``world_size`` spawned processes.
+
+    Returns the exit codes; processes still alive at the timeout (or at teardown) are
+    terminated, then killed.
+    """
+    run, stop = _spawner()
     yield run
-    for process in started:
-        if process.is_alive():
-            process.terminate()
-    for process in started:
-        process.join(5)
-        if process.is_alive():
-            process.kill()
-            process.join()
+    stop()
+
+
+@pytest.fixture(scope="module")
+def spawn_ranks_module():
+    """:func:`spawn_ranks` for module-scoped fixtures."""
+    run, stop = _spawner()
+    yield run
+    stop()
 
 
 BASE_CONFIG = {
@@ -81,6 +98,22 @@ def run_training(directory: Path, world_size: int, changes: dict, timeout_s: flo
     failed = [e for e in exits if e.returncode != 0]
     assert not failed, "\n".join(f"rank {e.rank} exited {e.returncode}:\n{e.stderr_tail}" for e in failed)
     return output_dir
+
+
+def run_sessions(spawn_ranks, directory: Path, world_size: int, runs: dict[str, dict], timeout_s: float = 150.0) -> dict[str, Path]:
+    """Run several configs (BASE_CONFIG + changes each) in one set of spawned ranks, in order.
+
+    Returns the output directory of each named run. Saves process start-up (importing torch)
+    per run; every run is still a real multi-process gloo job through ``trainers.runner.run``.
+    """
+    from tests.trainers.workers import run_configs_worker
+
+    outputs = {name: directory / name for name in runs}
+    configs = [merge(BASE_CONFIG, {**changes, "output_dir": str(outputs[name])}) for name, changes in runs.items()]
+    ports = [free_port() for _ in configs]
+    exits = spawn_ranks(run_configs_worker, world_size, configs, ports, timeout_s=timeout_s)
+    assert exits == [0] * world_size, f"rank exit codes {exits}; see the status records under {directory}"
+    return outputs
 
 
 def records(output_dir: Path, rank: int, kind: str | None = None) -> list[dict]:

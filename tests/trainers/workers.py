@@ -63,8 +63,8 @@ def comm_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
     Path(out_dir, f"comm{rank}.json").write_text(json.dumps(results))
 
 
-def sync_union_worker(rank: int, world_size: int, port: int, out_dir: str, steps: int, bucket_cap_mb: float) -> None:
-    """Train with `sync` on slice ``rank`` of fixed global batches; save the final parameters."""
+def sync_union_worker(rank: int, world_size: int, port: int, out_dir: str, steps: int, bucket_caps_mb: list[float]) -> None:
+    """Train with `sync` on slice ``rank`` of fixed global batches, once per bucket size; save each result."""
     _init_env(rank, world_size, port)
     from tests.trainers.reference import global_batches, make_model
     from trainers.algorithms import AlgorithmContext
@@ -74,20 +74,22 @@ def sync_union_worker(rank: int, world_size: int, port: int, out_dir: str, steps
     from trainers.training import loss_fn
 
     comm = TorchComm("gloo", timeout_s=60)
-    model = make_model()
-    ctx = AlgorithmContext(
-        model=model, comm=comm, loss_fn=loss_fn,
-        optimizer=OptimizerConfig(momentum=0.9, weight_decay=1e-3), lr=0.05, device=torch.device("cpu"),
-    )
-    algorithm = Sync(SyncParams(bucket_cap_mb=bucket_cap_mb), ctx)
-    algorithm.setup()
-    for step, (x, y) in enumerate(global_batches(steps)):
-        per_rank = len(x) // world_size
-        part = slice(rank * per_rank, (rank + 1) * per_rank)
-        algorithm.train_step(step, (x[part], y[part]))
-    algorithm.finish()
-    torch.save(model.state_dict(), Path(out_dir, f"sync{rank}.pt"))
-    Path(out_dir, f"buckets{rank}.json").write_text(json.dumps(len(algorithm.bucketer.buckets)))
+    for bucket_cap_mb in bucket_caps_mb:
+        model = make_model()
+        ctx = AlgorithmContext(
+            model=model, comm=comm, loss_fn=loss_fn,
+            optimizer=OptimizerConfig(momentum=0.9, weight_decay=1e-3), lr=0.05, device=torch.device("cpu"),
+        )
+        algorithm = Sync(SyncParams(bucket_cap_mb=bucket_cap_mb), ctx)
+        algorithm.setup()
+        for step, (x, y) in enumerate(global_batches(steps)):
+            per_rank = len(x) // world_size
+            part = slice(rank * per_rank, (rank + 1) * per_rank)
+            algorithm.train_step(step, (x[part], y[part]))
+        algorithm.finish()
+        algorithm.bucketer.remove_hooks()
+        torch.save(model.state_dict(), Path(out_dir, f"sync_{bucket_cap_mb}_{rank}.pt"))
+        Path(out_dir, f"buckets_{bucket_cap_mb}_{rank}.json").write_text(json.dumps(len(algorithm.bucketer.buckets)))
     comm.shutdown()
 
 
@@ -116,3 +118,17 @@ def failing_worker(rank: int, world_size: int, port: int, out_dir: str, fail_ran
         run(config)
     except Exception:
         raise SystemExit(1)
+
+
+def run_configs_worker(rank: int, world_size: int, port: int, configs: list[dict], ports: list[int]) -> None:
+    """Run several training configs one after another in the same rank processes.
+
+    Each run gets its own rendezvous port; torch is imported once, which keeps the suite fast.
+    """
+    _init_env(rank, world_size, port)
+    from trainers.config import load_config
+    from trainers.runner import run
+
+    for config, run_port in zip(configs, ports):
+        os.environ["MASTER_PORT"] = str(run_port)
+        run(load_config(config))

@@ -6,12 +6,20 @@ one line in ``ALGORITHMS``. Tests may add their own with :func:`register_algorit
 
 from __future__ import annotations
 
+from trainers.algorithms.async_ps import AsyncPS
 from trainers.algorithms.base import Algorithm, AlgorithmContext, StepResult
+from trainers.algorithms.adpsgd import ADPSGD
 from trainers.algorithms.ddp import DDP
 from trainers.algorithms.diloco import DiLoCo
 from trainers.algorithms.dts import DTS
+from trainers.algorithms.easgd import EASGD
+from trainers.algorithms.eawild import EAWild
+from trainers.algorithms.dpsgd import DPSGD
 from trainers.algorithms.local_sgd import LocalSGD
+from trainers.algorithms.p3 import P3
+from trainers.algorithms.quantized import Quantized
 from trainers.algorithms.sync import Sync
+from trainers.algorithms.swarmsgd import SwarmSGD
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     Sync.name: Sync,
@@ -19,6 +27,14 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
     LocalSGD.name: LocalSGD,
     DTS.name: DTS,
     DiLoCo.name: DiLoCo,
+    P3.name: P3,
+    AsyncPS.name: AsyncPS,
+    EASGD.name: EASGD,
+    EAWild.name: EAWild,
+    Quantized.name: Quantized,
+    DPSGD.name: DPSGD,
+    ADPSGD.name: ADPSGD,
+    SwarmSGD.name: SwarmSGD,
 }
 
 

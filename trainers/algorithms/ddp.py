@@ -7,6 +7,8 @@ broadcast), and comm_blocked_s is recorded as null because it cannot be measured
 
 from __future__ import annotations
 
+import inspect
+
 from trainers.algorithms.base import Algorithm, AlgorithmContext, StepResult
 from trainers.algorithms.sync import SyncParams
 from trainers.comm import TorchComm
@@ -38,12 +40,15 @@ class DDP(Algorithm):
         from torch.nn.parallel import DistributedDataParallel
 
         device_ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
+        # Newer torch renamed broadcast_buffers (and warns on the old name); same meaning here.
+        accepted = inspect.signature(DistributedDataParallel.__init__).parameters
+        buffers_key = "forward_sync_buffers" if "forward_sync_buffers" in accepted else "broadcast_buffers"
         # The constructor broadcasts rank 0's parameters and buffers, like Algorithm.setup.
         self.ddp_model = DistributedDataParallel(
             self.model,
             device_ids=device_ids,
             bucket_cap_mb=self.params.bucket_cap_mb,
-            broadcast_buffers=self.params.broadcast_buffers,
+            **{buffers_key: self.params.broadcast_buffers},
             process_group=self.comm.process_group,
         )
 

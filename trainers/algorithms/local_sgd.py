@@ -54,7 +54,7 @@ class LocalSGD(Algorithm):
         self.bucketer: Optional[GradientBucketer] = None
         if params.warmup_steps > 0:
             self.bucketer = GradientBucketer(
-                self.model.parameters(), self.comm, int(params.bucket_cap_mb * 2**20), type(self).exchange_hook
+                self.model.parameters(), self.comm, int(params.bucket_cap_mb * 2**20), self.exchange_hook
             )
 
     def train_step(self, step: int, batch: tuple) -> StepResult:
@@ -73,10 +73,14 @@ class LocalSGD(Algorithm):
         self.optimizer.step()
         self.state.local_steps += 1
         if self.state.local_steps == self.params.H:
-            self.average_tensors(list(self.model.parameters()))
+            self.average_model()
             self.state.local_steps = 0
             self.state.averages += 1
         return StepResult(loss=loss)
+
+    def average_model(self) -> None:
+        """Replace the parameters by their mean over ranks (subclasses may exchange differently)."""
+        self.average_tensors(list(self.model.parameters()))
 
     def deployable_model(self) -> nn.Module:
         """The mean of the replicas now (one all_reduce; replicas are equal right after averaging)."""

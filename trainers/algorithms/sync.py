@@ -149,8 +149,10 @@ class Sync(Algorithm):
 
     def __init__(self, params: SyncParams, ctx: AlgorithmContext):
         super().__init__(params, ctx)
+        # self.exchange_hook: a subclass or an instance attribute set before this runs may replace
+        # the class's hook with a stateful one (compression with error feedback, see `quantized`).
         self.bucketer = GradientBucketer(
-            self.model.parameters(), self.comm, int(params.bucket_cap_mb * 2**20), type(self).exchange_hook
+            self.model.parameters(), self.comm, int(params.bucket_cap_mb * 2**20), self.exchange_hook
         )
         self._buffers = list(self.model.buffers())
 

@@ -1,0 +1,84 @@
+"""`easgd` (synchronous) against a single-process simulation of the workers; `eawild` (asynchronous) trains."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.trainers.conftest import records, run_training
+from tests.trainers.test_async_ps import RunnerData
+from trainers.algorithms import get_algorithm
+from trainers.algorithms.easgd import EASGD, EASGDParams
+from trainers.algorithms.eawild import EAWild, EAWildParams
+from trainers.config import ConfigError
+from trainers.training import evaluate, loss_fn
+
+
+@pytest.mark.parametrize("params_cls", [EASGDParams, EAWildParams])
+@pytest.mark.parametrize(
+    "changes, field, fragment",
+    [
+        ({"tau": 0}, "tau", "integer >= 1"),
+        ({"alpha": 0.0}, "alpha", "> 0.0"),
+        ({"alpha": 1.5}, "alpha", "<= 1.0"),
+        ({"beta": -0.1}, "beta", "> 0.0"),
+        ({"alpha": 0.1, "beta": 0.9}, "alpha", "not both"),
+    ],
+)
+def test_params_name_the_bad_field(params_cls, changes, field, fragment):
+    with pytest.raises(ConfigError, match=f"^{field}: .*{fragment}"):
+        params_cls(**changes)
+
+
+def test_registered_and_default_moving_rate():
+    assert get_algorithm("easgd") is EASGD and get_algorithm("eawild") is EAWild
+    assert EASGDParams().moving_rate(4) == pytest.approx(0.9 / 4)  # beta / p, beta = 0.9
+    assert EASGDParams(alpha=0.3).moving_rate(4) == 0.3
+    with pytest.raises(ConfigError, match="^server_ranks: "):
+        EAWildParams(server_ranks=[])
+
+
+def simulate_easgd(changes: dict, workers: int, steps: int, alpha: float, tau: int, momentum: float):
+    """The paper's synchronous EASGD with ``workers`` replicas in one process, on the runner's batches.
+
+    Returns the replicas and the centre (lists of parameter tensors).
+    """
+    runner_data = RunnerData(changes, workers)
+    replicas = [runner_data.model() for _ in range(workers)]
+    optimizers = [torch.optim.SGD(m.parameters(), lr=runner_data.config.lr, momentum=momentum) for m in replicas]
+    centre = [p.detach().clone() for p in replicas[0].parameters()]
+    for step in range(steps):
+        for rank, (model, optimizer) in enumerate(zip(replicas, optimizers)):
+            optimizer.zero_grad()
+            loss_fn(model, runner_data.next_batch(rank)).backward()  # gradient at x_i
+        if step % tau == 0:
+            with torch.no_grad():
+                differences = [[p - c for p, c in zip(m.parameters(), centre)] for m in replicas]
+                for model, difference in zip(replicas, differences):
+                    for p, d in zip(model.parameters(), difference):
+                        p -= alpha * d
+                centre = [c + alpha * sum(d[i] for d in differences) for i, c in enumerate(centre)]
+        for optimizer in optimizers:
+            optimizer.step()
+    return replicas, centre, runner_data
+
+
+@pytest.mark.slow
+def test_easgd_equals_simulation_of_four_workers(tmp_path):
+    """alpha = 1/4, tau = 1, momentum 0.9: every replica and the centre (through its held-out loss) match."""
+    steps, alpha, tau = 12, 0.25, 1
+    changes = {"steps": steps, "eval_every": steps, "save_final_model": True, "optimizer": {"momentum": 0.9}}
+    out = run_training(tmp_path, 4, {**changes, "algorithm": {"name": "easgd", "params": {"alpha": alpha, "tau": tau}}})
+    replicas, centre, runner_data = simulate_easgd(changes, 4, steps, alpha, tau, momentum=0.9)
+    for rank, replica in enumerate(replicas):
+        trained = torch.load(out / f"rank{rank}_final.pt")
+        difference = max((trained[k] - v).abs().max().item() for k, v in replica.state_dict().items())
+        assert difference < 1e-5, f"replica {rank} differs from the simulation by {difference}"
+    centre_model = runner_data.model()
+    with torch.no_grad():
+        for p, c in zip(centre_model.parameters(), centre):
+            p.copy_(c)
+    accuracy, loss = evaluate(centre_model, runner_data.data.test_x, runner_data.data.test_y, torch.device("cpu"))
+    evaluated = records(out, 0, "eval")[-1]
+    assert evaluated["loss"] == pytest.approx(loss, abs=1e-5)
+    assert evaluated["accuracy"] == pytest.approx(accuracy, abs=1e-9)

@@ -1,0 +1,234 @@
+"""Parameter-server machinery shared by `async_ps` and `eawild`: roles, shards, messages, serving.
+
+Roles. The ranks in ``server_ranks`` hold the shared state, a flat vector of all trainable
+parameters cut into contiguous ranges, one per server (in the order given); every other rank is a
+worker. The harness maps ranks to regions in order, so choosing the server ranks chooses where the
+servers are. The runner still hands servers a batch each step; they ignore it.
+
+Messages (point to point, tag 0; messages between one pair of ranks arrive in the order sent):
+
+* worker -> server: a float64 header ``[step, base_version, want_reply, loss]``, then the payload
+  (the worker's values for that server's range, in the parameters' dtype);
+* server -> worker, only if ``want_reply``: a float64 header ``[version, staleness]``, then the
+  server's range.
+
+A server receives headers from any source (``Comm.recv_any``) and handles messages in arrival
+order, one at a time, so its state is never read half-updated.
+
+How a server takes part in the step loop. Every rank runs the same number of steps. In
+``train_step(step)`` a server handles messages until every worker has sent all the messages it
+sends in steps ``0..step`` (``messages_due(step)``, the same rule on both sides). Messages of
+workers that are ahead are handled as they come, so fast workers never wait for slow ones: a
+worker may run many steps ahead of the server's step count (only the runner's stop decision, a
+broadcast made when a target accuracy or time budget is set, lines all ranks up at evaluations).
+Every message a worker sends up to the step where all ranks stop is due by that step, so the
+server has handled all of them when it stops, and no rank waits for a message that never comes.
+The deployable model is sent to rank 0 after the server's step, so it reflects every message due
+by then (and possibly some from workers that are ahead).
+
+Versions and staleness. A server's version counts the messages it applied. A worker's message
+carries the version of the server state it last received (``base_version``); staleness is the
+server's version when the message is applied minus that base: 0 for a lone worker that pulls
+every step, about (workers - 1) when every worker pushes once per step.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+from torch import nn
+
+from trainers.algorithms.base import Algorithm, AlgorithmContext, StepResult, flatten, unflatten_into
+from trainers.comm import Work
+from trainers.config import ConfigError
+
+HEADER_FIELDS = 4  # step, base_version, want_reply, loss
+REPLY_FIELDS = 2  # version, staleness
+
+
+def check_server_ranks(server_ranks: list[int]) -> None:
+    """Fail unless ``server_ranks`` is a non-empty list of distinct ranks >= 0 (``__post_init__`` helper)."""
+    ok = isinstance(server_ranks, list) and len(server_ranks) > 0
+    ok = ok and all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in server_ranks)
+    if not ok or len(set(server_ranks)) != len(server_ranks):
+        raise ConfigError("server_ranks", f"must be a non-empty list of distinct ranks >= 0, got {server_ranks!r}")
+
+
+def split_ranges(numel: int, parts: int) -> list[tuple[int, int]]:
+    """Cut [0, numel) into ``parts`` contiguous ranges whose sizes differ by at most one element."""
+    bounds = [numel * i // parts for i in range(parts + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+@dataclass
+class ServerState:
+    """version: messages applied by this server; handled: per worker rank, messages handled."""
+
+    version: int = 0
+    handled: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass
+class WorkerState:
+    """base_version: per server rank, version of its range last received; exchanges: messages sent
+    per server."""
+
+    base_version: dict[int, int] = field(default_factory=dict)
+    exchanges: int = 0
+
+
+class ParameterServerAlgorithm(Algorithm):
+    """Base of algorithms whose shared state lives on server ranks (see module docstring).
+
+    Subclasses set ``name`` and ``Params`` (with a ``server_ranks`` list), and define
+    :meth:`messages_due`, :meth:`server_apply` and the worker side of ``train_step`` (using
+    :meth:`exchange`).
+    """
+
+    def __init__(self, params, ctx: AlgorithmContext):
+        super().__init__(params, ctx)
+        world = self.comm.world_size
+        out_of_range = [r for r in params.server_ranks if r >= world]
+        if out_of_range:
+            raise ConfigError("server_ranks", f"ranks {out_of_range} do not exist in a world of {world}")
+        if len(params.server_ranks) >= world:
+            raise ConfigError("server_ranks", f"leave at least one worker: {len(params.server_ranks)} servers in a world of {world}")
+        self.server_ranks: list[int] = list(params.server_ranks)
+        self.workers = [r for r in range(world) if r not in self.server_ranks]
+        self.is_server = self.comm.rank in self.server_ranks
+        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
+        dtypes = {p.dtype for p in self.trainable}
+        if len(dtypes) != 1:
+            raise ValueError(f"{self.name} needs one dtype for all trainable parameters, got {sorted(map(str, dtypes))}")
+        self.numel = sum(p.numel() for p in self.trainable)
+        self.ranges = dict(zip(self.server_ranks, split_ranges(self.numel, len(self.server_ranks))))
+        self.server_state = ServerState(handled={w: 0 for w in self.workers})
+        self.worker_state = WorkerState(base_version={s: 0 for s in self.server_ranks})
+        self.shard: Optional[torch.Tensor] = None  # this server's range of the shared state
+        self._pending: list[tuple[Work, torch.Tensor]] = []  # sends in progress and their buffers
+
+    # -- what subclasses define -----------------------------------------------------------------
+
+    def messages_due(self, step: int) -> int:
+        """Messages each worker has sent to each server by the end of step ``step`` (0-based)."""
+        raise NotImplementedError
+
+    def server_apply(self, payload: torch.Tensor, want_reply: bool) -> Optional[torch.Tensor]:
+        """Apply one worker's payload to ``self.shard``; return the reply (a tensor nobody else
+        modifies) if ``want_reply``."""
+        raise NotImplementedError
+
+    # -- the interface the runner calls ---------------------------------------------------------
+
+    def setup(self) -> None:
+        super().setup()
+        if self.is_server:
+            start, stop = self.ranges[self.comm.rank]
+            self.shard = flatten(self.trainable)[start:stop].clone()
+
+    def deployable_model(self) -> nn.Module:
+        """On rank 0: a copy of the model holding the servers' state (each server sends its range
+        to rank 0; buffers are rank 0's). Other ranks return their local model, not evaluated."""
+        if self.comm.rank == 0:
+            flat = torch.empty(self.numel, dtype=self.trainable[0].dtype, device=self.trainable[0].device)
+            for server, (start, stop) in self.ranges.items():
+                if server == 0:
+                    flat[start:stop] = self.shard
+                else:
+                    part = torch.empty(stop - start, dtype=flat.dtype, device=flat.device)
+                    self.comm.recv(part, server)
+                    flat[start:stop] = part
+            deployable = copy.deepcopy(self.model)
+            unflatten_into(flat, [p for p in deployable.parameters() if p.requires_grad])
+            return deployable
+        if self.is_server:
+            self.comm.send(self.shard, 0)
+        return self.model
+
+    def finish(self) -> None:
+        """Complete sends in progress; a server writes its range into its own model (saved by the runner)."""
+        for work, _ in self._pending:
+            work.wait()
+        self._pending = []
+        if self.is_server:
+            flat = flatten(self.trainable)
+            start, stop = self.ranges[self.comm.rank]
+            flat[start:stop] = self.shard
+            unflatten_into(flat, self.trainable)
+
+    # -- server side ----------------------------------------------------------------------------
+
+    def serve(self, step: int) -> StepResult:
+        """A server's ``train_step``: handle messages until every worker sent those due by ``step``.
+
+        Returns the mean loss the handled messages reported (NaN if none) and their largest staleness.
+        """
+        due = self.messages_due(step)
+        start, stop = self.ranges[self.comm.rank]
+        header = torch.zeros(HEADER_FIELDS, dtype=torch.float64)
+        losses: list[float] = []
+        staleness: list[int] = []
+        while any(self.server_state.handled[w] < due for w in self.workers):
+            source = self.comm.recv_any(header)
+            if source not in self.server_state.handled:
+                raise RuntimeError(f"server {self.comm.rank}: unexpected message from rank {source} (not a worker)")
+            _, base_version, want_reply, loss = header.tolist()
+            payload = torch.empty(stop - start, dtype=self.shard.dtype, device=self.shard.device)
+            self.comm.recv(payload, source)
+            age = self.server_state.version - int(base_version)
+            reply = self.server_apply(payload, bool(want_reply))
+            self.server_state.version += 1
+            self.server_state.handled[source] += 1
+            if want_reply:
+                reply_header = torch.tensor([self.server_state.version, age], dtype=torch.float64)
+                self._send(reply_header, source)
+                self._send(reply, source)
+            losses.append(loss)
+            staleness.append(age)
+        self._prune()
+        return StepResult(
+            loss=sum(losses) / len(losses) if losses else math.nan, staleness=max(staleness) if staleness else None
+        )
+
+    # -- worker side ----------------------------------------------------------------------------
+
+    def exchange(self, step: int, flat: torch.Tensor, want_reply: bool, loss: float) -> Optional[tuple[torch.Tensor, int]]:
+        """Send each server its range of ``flat``; with ``want_reply`` wait for and return the
+        servers' replies assembled into one flat tensor, and the largest staleness they reported."""
+        for server, (start, stop) in self.ranges.items():
+            header = torch.tensor(
+                [step, self.worker_state.base_version[server], float(want_reply), loss], dtype=torch.float64
+            )
+            self._send(header, server)
+            self._send(flat[start:stop].clone(), server)
+        self.worker_state.exchanges += 1
+        self._prune()
+        if not want_reply:
+            return None
+        receives = []
+        for server, (start, stop) in self.ranges.items():
+            reply_header = torch.zeros(REPLY_FIELDS, dtype=torch.float64)
+            part = torch.empty(stop - start, dtype=flat.dtype, device=flat.device)
+            receives.append((server, start, stop, self.comm.irecv(reply_header, server), reply_header, self.comm.irecv(part, server), part))
+        result = torch.empty_like(flat)
+        ages = []
+        for server, start, stop, header_work, reply_header, part_work, part in receives:
+            header_work.wait()
+            part_work.wait()
+            version, age = reply_header.tolist()
+            self.worker_state.base_version[server] = int(version)
+            result[start:stop] = part
+            ages.append(int(age))
+        return result, max(ages)
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _send(self, tensor: torch.Tensor, dst: int) -> None:
+        self._pending.append((self.comm.isend(tensor, dst), tensor))
+
+    def _prune(self) -> None:
+        self._pending = [(work, tensor) for work, tensor in self._pending if not work.is_completed()]

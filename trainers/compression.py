@@ -1,0 +1,387 @@
+"""Gradient / model compressors: encode a flat float buffer into the bytes that cross the network.
+
+Each compressor turns a 1-D float tensor into a *payload* whose size depends only on the number of
+elements (so every rank's payload has the same shape and one ``all_gather`` moves them all), and
+decodes a payload back into floats. The payload is what the comm layer counts, so byte records show
+the real wire size:
+
+============  ==============================================  ===========================================
+name          payload (d elements)                            decoded value
+============  ==============================================  ===========================================
+fp16, bf16    d half-precision floats (summable: all_reduce)  the rounded values
+qsgd          per chunk a float32 2-norm, then d int8 levels  norm * sign * level / s, level stochastically
+              (sign * level, |level| <= s)                    rounded so it is unbiased (Alistarh et al.)
+terngrad      float32 max|x|, then 2-bit codes, 4 per byte    max|x| * sign * Bernoulli(|x| / max|x|)
+                                                              (unbiased; Wen et al. 2017)
+onebit        float32 mean |x|, then 1 sign bit per element   mean|x| * sign(x) (EF-signSGD, Karimireddy
+                                                              et al. 2019; needs error feedback)
+topk          k int32 indices, then k float32 values          x on the k largest |x|, 0 elsewhere (DGC-style;
+                                                              needs error feedback)
+============  ==============================================  ===========================================
+
+Biased codes (onebit, topk) set ``error_feedback``: :class:`ErrorFeedback` keeps the part the
+code dropped (the residual) and adds it to the next buffer, so nothing is lost, only delayed.
+
+:func:`compressed_exchange_hook` turns a compressor into an exchange hook for the synchronous
+strategies (see ``trainers/algorithms/hooks.py``): summable codes wrap ``allreduce_hook`` as
+``fp16_compress_wrapper`` does; the others all-gather every rank's payload and average the decoded
+buffers. The registry :data:`COMPRESSORS` is checked when this module is imported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar, Optional
+
+import torch
+
+from trainers.comm import Comm, Work
+from trainers.config import ConfigError, require_float, require_int
+
+HEADER_BYTES = 4  # one float32 scale
+
+
+# ---------------------------------------------------------------------------------------------
+# Byte packing helpers (torch ops only, so they run on whatever device the buffer lives on).
+
+
+def float32_bytes(values: torch.Tensor) -> torch.Tensor:
+    """The raw bytes (uint8) of ``values`` as float32."""
+    return values.to(torch.float32).contiguous().reshape(-1).view(torch.uint8)
+
+
+def bytes_float32(payload: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`float32_bytes`."""
+    return payload.contiguous().view(torch.float32)
+
+
+def pack_bits(bits: torch.Tensor, bits_per_value: int) -> torch.Tensor:
+    """Pack unsigned integer codes of ``bits_per_value`` bits (1, 2 or 4) into uint8, MSB first.
+
+    The input is padded with zeros to a whole number of bytes.
+    """
+    per_byte = 8 // bits_per_value
+    codes = bits.to(torch.uint8).reshape(-1)
+    padding = (-codes.numel()) % per_byte
+    if padding:
+        codes = torch.cat([codes, codes.new_zeros(padding)])
+    shifts = torch.arange(per_byte - 1, -1, -1, device=codes.device, dtype=torch.uint8) * bits_per_value
+    return (codes.reshape(-1, per_byte) << shifts).sum(dim=1, dtype=torch.uint8)
+
+
+def unpack_bits(packed: torch.Tensor, bits_per_value: int, count: int) -> torch.Tensor:
+    """Inverse of :func:`pack_bits`: the first ``count`` codes as uint8."""
+    per_byte = 8 // bits_per_value
+    shifts = torch.arange(per_byte - 1, -1, -1, device=packed.device, dtype=torch.uint8) * bits_per_value
+    mask = (1 << bits_per_value) - 1
+    return ((packed.reshape(-1, 1) >> shifts) & mask).reshape(-1)[:count]
+
+
+# ---------------------------------------------------------------------------------------------
+# Compressors.
+
+
+@dataclass
+class NoParams:
+    """This compressor has no parameters."""
+
+
+class Compressor(ABC):
+    """Encode a 1-D float buffer into a fixed-size payload and back.
+
+    Args:
+        params: instance of the subclass's ``Params`` (already validated).
+        generator: random source for stochastic rounding (None: torch's default generator, which
+            the runner seeds per rank, so ranks draw independently).
+    """
+
+    name: ClassVar[str]
+    Params: ClassVar[type] = NoParams
+    # The payload is a float tensor that all_reduce may sum (no all_gather needed).
+    summable: ClassVar[bool] = False
+    # The code is biased; use it through ErrorFeedback.
+    error_feedback: ClassVar[bool] = False
+
+    def __init__(self, params: Any = None, generator: Optional[torch.Generator] = None):
+        self.params = params if params is not None else self.Params()
+        self.generator = generator
+
+    @abstractmethod
+    def payload_bytes(self, numel: int) -> int:
+        """Size in bytes of the payload of a buffer of ``numel`` elements."""
+
+    @abstractmethod
+    def encode(self, flat: torch.Tensor) -> torch.Tensor:
+        """The payload for 1-D ``flat`` (uint8, or a half-precision float tensor if ``summable``)."""
+
+    @abstractmethod
+    def decode(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """The float buffer (``numel`` elements of ``dtype``) that ``payload`` stands for."""
+
+    def _uniform(self, like: torch.Tensor) -> torch.Tensor:
+        return torch.rand(like.shape, generator=self.generator, device=like.device, dtype=torch.float32)
+
+
+class Fp16(Compressor):
+    """IEEE half precision (2 bytes per element); summable, so it all-reduces."""
+
+    name = "fp16"
+    summable = True
+    wire_dtype: ClassVar[torch.dtype] = torch.float16
+
+    def payload_bytes(self, numel: int) -> int:
+        return 2 * numel
+
+    def encode(self, flat: torch.Tensor) -> torch.Tensor:
+        return flat.to(self.wire_dtype)
+
+    def decode(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        return payload.to(dtype)
+
+
+class Bf16(Fp16):
+    """bfloat16 (2 bytes per element, float32's range, 8 bits of mantissa); summable."""
+
+    name = "bf16"
+    wire_dtype = torch.bfloat16
+
+
+@dataclass
+class QSGDParams:
+    """Args: levels: quantization levels s (1..127, stored as int8 sign*level); chunk_size:
+    elements sharing one float32 norm (QSGD's "bucket size"; smaller: less variance, more bytes)."""
+
+    levels: int = 16
+    chunk_size: int = 512
+
+    def __post_init__(self) -> None:
+        require_int("levels", self.levels, minimum=1, maximum=127)
+        require_int("chunk_size", self.chunk_size, minimum=1)
+
+
+class QSGD(Compressor):
+    """QSGD (Alistarh et al. 2017): x_i -> ||x|| * sign(x_i) * l_i / s, l_i stochastic rounding of
+    s |x_i| / ||x|| to a neighbouring integer, so E[decoded] = x. Norms per chunk of ``chunk_size``."""
+
+    name = "qsgd"
+    Params = QSGDParams
+
+    def _chunks(self, numel: int) -> int:
+        return math.ceil(numel / self.params.chunk_size)
+
+    def payload_bytes(self, numel: int) -> int:
+        return HEADER_BYTES * self._chunks(numel) + numel
+
+    def encode(self, flat: torch.Tensor) -> torch.Tensor:
+        numel, size, s = flat.numel(), self.params.chunk_size, self.params.levels
+        values = flat.detach().to(torch.float32)
+        padded = torch.cat([values, values.new_zeros(self._chunks(numel) * size - numel)]).reshape(-1, size)
+        norms = padded.norm(dim=1)
+        scaled = padded.abs() * (s / norms.clamp_min(torch.finfo(torch.float32).tiny)).unsqueeze(1)
+        lower = scaled.floor()
+        levels = lower + (self._uniform(scaled) < (scaled - lower)).float()
+        signed = (torch.sign(padded) * levels.clamp_max(s)).reshape(-1)[:numel].to(torch.int8)
+        return torch.cat([float32_bytes(norms), signed.view(torch.uint8)])
+
+    def decode(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        chunks, size = self._chunks(numel), self.params.chunk_size
+        norms = bytes_float32(payload[: HEADER_BYTES * chunks])
+        levels = payload[HEADER_BYTES * chunks :].view(torch.int8).to(torch.float32)
+        per_element = norms.repeat_interleave(size)[:numel]
+        return (per_element * levels / self.params.levels).to(dtype)
+
+
+class TernGrad(Compressor):
+    """TernGrad (Wen et al. 2017): x_i -> max|x| * sign(x_i) * b_i, b_i ~ Bernoulli(|x_i| / max|x|),
+    so E[decoded] = x. One float32 scale per buffer, 2-bit codes (0: 0, 1: +1, 2: -1), 4 per byte."""
+
+    name = "terngrad"
+
+    def payload_bytes(self, numel: int) -> int:
+        return HEADER_BYTES + math.ceil(numel / 4)
+
+    def encode(self, flat: torch.Tensor) -> torch.Tensor:
+        values = flat.detach().to(torch.float32)
+        scale = values.abs().max() if values.numel() else values.new_zeros(())
+        probability = values.abs() / scale.clamp_min(torch.finfo(torch.float32).tiny)
+        keep = self._uniform(values) < probability
+        codes = torch.where(keep, torch.where(values >= 0, 1, 2), 0)
+        return torch.cat([float32_bytes(scale.reshape(1)), pack_bits(codes, 2)])
+
+    def decode(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        scale = bytes_float32(payload[:HEADER_BYTES])
+        codes = unpack_bits(payload[HEADER_BYTES:], 2, numel)
+        signs = (codes == 1).float() - (codes == 2).float()
+        return (signs * scale).to(dtype)
+
+
+class OneBit(Compressor):
+    """1-bit sign code with scale mean|x| (EF-signSGD, Karimireddy et al. 2019; 1-bit SGD, Seide et
+    al. 2014): d/8 bytes plus one float32. Biased: use with error feedback."""
+
+    name = "onebit"
+    error_feedback = True
+
+    def payload_bytes(self, numel: int) -> int:
+        return HEADER_BYTES + math.ceil(numel / 8)
+
+    def encode(self, flat: torch.Tensor) -> torch.Tensor:
+        values = flat.detach().to(torch.float32)
+        scale = values.abs().mean() if values.numel() else values.new_zeros(())
+        return torch.cat([float32_bytes(scale.reshape(1)), pack_bits(values >= 0, 1)])
+
+    def decode(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        scale = bytes_float32(payload[:HEADER_BYTES])
+        bits = unpack_bits(payload[HEADER_BYTES:], 1, numel)
+        return ((bits.float() * 2.0 - 1.0) * scale).to(dtype)
+
+
+@dataclass
+class TopKParams:
+    """Args: ratio: fraction of elements sent (k = ceil(ratio * d), at least 1)."""
+
+    ratio: float = 0.01
+
+    def __post_init__(self) -> None:
+        require_float("ratio", self.ratio, minimum=0.0, maximum=1.0, min_exclusive=True)
+
+
+class TopK(Compressor):
+    """Top-k sparsification (DGC-style, Lin et al. 2018, without momentum correction): the k
+    largest |x_i| as int32 indices then float32 values. Biased: use with error feedback."""
+
+    name = "topk"
+    Params = TopKParams
+    error_feedback = True
+
+    def k(self, numel: int) -> int:
+        """Number of elements kept of a buffer of ``numel``."""
+        return min(numel, max(1, math.ceil(self.params.ratio * numel)))
+
+    def payload_bytes(self, numel: int) -> int:
+        return 8 * self.k(numel)
+
+    def encode(self, flat: torch.Tensor) -> torch.Tensor:
+        values = flat.detach().to(torch.float32)
+        indices = values.abs().topk(self.k(values.numel()), sorted=False).indices
+        return torch.cat([indices.to(torch.int32).view(torch.uint8), float32_bytes(values[indices])])
+
+    def decode(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        k = self.k(numel)
+        indices = payload[: 4 * k].contiguous().view(torch.int32).to(torch.int64)
+        values = bytes_float32(payload[4 * k :])
+        out = torch.zeros(numel, dtype=torch.float32, device=payload.device)
+        out[indices] = values
+        return out.to(dtype)
+
+
+COMPRESSORS: dict[str, type[Compressor]] = {
+    cls.name: cls for cls in (Fp16, Bf16, QSGD, TernGrad, OneBit, TopK)
+}
+
+
+def _check_registry() -> None:
+    """Fail at import if an entry is inconsistent (hivemind checks its compression table the same way)."""
+    for key, cls in COMPRESSORS.items():
+        if key != cls.name:
+            raise TypeError(f"compressor registered as {key!r} is named {cls.name!r}")
+        if not dataclasses.is_dataclass(cls.Params):
+            raise TypeError(f"compressor {key!r}: Params must be a dataclass")
+        if cls.summable and cls.error_feedback:
+            raise TypeError(f"compressor {key!r}: a summable code is all-reduced and cannot use error feedback")
+
+
+_check_registry()
+
+
+def compressor_fields(name: str) -> set[str]:
+    """Names of the parameters compressor ``name`` takes."""
+    return {f.name for f in dataclasses.fields(get_compressor(name).Params)}
+
+
+def get_compressor(name: str) -> type[Compressor]:
+    """Registry lookup; KeyError names the known compressors."""
+    if name not in COMPRESSORS:
+        raise KeyError(f"unknown compressor {name!r} (known: {sorted(COMPRESSORS)})")
+    return COMPRESSORS[name]
+
+
+def build_compressor(name: str, generator: Optional[torch.Generator] = None, **params: Any) -> Compressor:
+    """An instance of compressor ``name`` with ``params`` (checked by its Params; errors name the field)."""
+    try:
+        cls = get_compressor(name)
+    except KeyError as error:
+        raise ConfigError("compressor", str(error.args[0])) from None
+    return cls(cls.Params(**params), generator)
+
+
+# ---------------------------------------------------------------------------------------------
+# Error feedback and the exchange hook.
+
+
+class ErrorFeedback:
+    """Error feedback (Seide et al. 2014; Karimireddy et al. 2019) around a compressor.
+
+    Keeps one residual per buffer key: ``encode(key, x)`` compresses ``p = x + residual`` and stores
+    ``residual = p - decode(payload)``, so what the code drops is sent in later rounds.
+
+    Args:
+        compressor: the (usually biased) code.
+    """
+
+    def __init__(self, compressor: Compressor):
+        self.compressor = compressor
+        self.residuals: dict[Any, torch.Tensor] = {}
+
+    def encode(self, key: Any, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(payload, decoded payload) for ``flat`` plus the residual stored under ``key``."""
+        residual = self.residuals.get(key)
+        corrected = flat.detach().clone() if residual is None else flat.detach() + residual
+        payload = self.compressor.encode(corrected)
+        decoded = self.compressor.decode(payload, corrected.numel(), corrected.dtype)
+        self.residuals[key] = corrected - decoded
+        return payload, decoded
+
+
+class CompressedExchange:
+    """Exchange hook ``hook(comm, flat) -> Work`` that averages ``flat`` over ranks in compressed form.
+
+    Summable codes (fp16, bf16) all-reduce the half-precision payload (``fp16_compress_wrapper``
+    style). Other codes all-gather every rank's packed payload, then each rank decodes all of them
+    in rank order and writes the mean into ``flat`` (identical on every rank). Codes that need it
+    run through :class:`ErrorFeedback`, with one residual per exchanged buffer, keyed by its storage
+    (the strategies exchange persistent buffers: sync's buckets, local_sgd's delta buffer).
+
+    Args:
+        compressor: the code.
+    """
+
+    def __init__(self, compressor: Compressor):
+        self.compressor = compressor
+        self.feedback = ErrorFeedback(compressor) if compressor.error_feedback else None
+
+    def __call__(self, comm: Comm, flat: torch.Tensor) -> Work:
+        code = self.compressor
+        if code.summable:
+            wire = code.encode(flat)
+            work = comm.all_reduce(wire, op="avg", async_op=True)
+            return work.then(lambda averaged: flat.copy_(code.decode(averaged, flat.numel(), flat.dtype)))
+        if self.feedback is not None:
+            payload, own = self.feedback.encode((flat.data_ptr(), flat.numel(), flat.dtype), flat)
+        else:
+            payload = code.encode(flat)
+            own = None
+        gathered = [torch.empty_like(payload) for _ in range(comm.world_size)]
+        work = comm.all_gather(gathered, payload, async_op=True)
+
+        def average(_: Any) -> torch.Tensor:
+            total = torch.zeros(flat.numel(), dtype=torch.float32, device=flat.device)
+            for rank, received in enumerate(gathered):
+                decoded = own if (rank == comm.rank and own is not None) else code.decode(received, flat.numel(), torch.float32)
+                total += decoded.to(torch.float32)
+            return flat.copy_(total / comm.world_size)
+
+        return work.then(average)
