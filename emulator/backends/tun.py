@@ -190,10 +190,14 @@ class TunBackend(Backend):
             message += chunk
 
     def down(self) -> None:
-        state = read_state(self.plan.prefix)
-        pid = (state[0] if state else {}).get("delayline_pid")
-        if pid is not None:
-            stop_delayline(int(pid), self.plan.prefix)
+        saved = read_state(self.plan.prefix)
+        if saved is not None:
+            state, saved_plan = saved
+            if state.get("delayline_pid") is not None:
+                stop_delayline(int(state["delayline_pid"]), self.plan.prefix)
+            # The network that is up may have been built from another plan (other topology, same
+            # prefix): remove its nodes, not only the ones this plan would have made.
+            netns.remove_nodes(saved_plan)
         netns.remove_nodes(self.plan)
         clear_state(self.plan.prefix)
         (self.folder / "delayline-plan.json").unlink(missing_ok=True)
