@@ -120,9 +120,33 @@ def _last_records(path: Path, kinds=("step", "eval")) -> dict:
     return found
 
 
+def _progress_marks(job_dir: Path, world: int) -> list[int]:
+    """Size of each rank's record file: it grows with every step a rank takes."""
+    marks = []
+    for rank in range(world):
+        try:
+            marks.append((job_dir / f"rank{rank}.jsonl").stat().st_size)
+        except OSError:
+            marks.append(0)
+    return marks
+
+
+def _has_step(path: Path) -> bool:
+    try:
+        return b'"kind": "step"' in path.read_bytes()
+    except OSError:
+        return False
+
+
 def launch_job(plan: Plan, job: Job, job_dir: Path, master_port: int, timeout_s: float,
-               on_tick=None) -> JobOutcome:
-    """Run one job: one process per node, torchrun-style env, bounded by `timeout_s`."""
+               on_tick=None, stall_timeout_s: Optional[float] = None) -> JobOutcome:
+    """Run one job: one process per node, torchrun-style env.
+
+    Watchdogs: the whole job is bounded by `timeout_s`; once training has started, a job in which
+    no rank writes a record for `stall_timeout_s` is ended as "stalled" (a dead or stuck rank
+    blocks the others' collectives, so nobody writes); a rank that exits non-zero ends the others
+    after FAILED_RANK_GRACE_S. Records written so far are kept in every case.
+    """
     job_dir.mkdir(parents=True, exist_ok=True)
     world = len(plan.nodes)
     master = plan.nodes[0]
@@ -150,6 +174,9 @@ def launch_job(plan: Plan, job: Job, job_dir: Path, master_port: int, timeout_s:
             procs.append(subprocess.Popen(exec_argv(node, argv), env=env, stdout=log,
                                           stderr=subprocess.STDOUT, start_new_session=True))
         failed_at: Optional[float] = None
+        marks = _progress_marks(job_dir, world)
+        last_progress = time.monotonic()
+        armed = False  # the stall watchdog starts once every rank took a step (start-up is slow)
         while True:
             codes = [p.poll() for p in procs]
             if all(code is not None for code in codes):
@@ -165,6 +192,16 @@ def launch_job(plan: Plan, job: Job, job_dir: Path, master_port: int, timeout_s:
                 _terminate(procs)
                 outcome = JobOutcome(job.job_id, "failed", time.monotonic() - start,
                                      "; ".join(bad) + "; the other ranks were ended")
+                break
+            now_marks = _progress_marks(job_dir, world)
+            if now_marks != marks:
+                marks, last_progress = now_marks, time.monotonic()
+                if stall_timeout_s is not None and not armed:
+                    armed = all(_has_step(job_dir / f"rank{rank}.jsonl") for rank in range(world))
+            elif armed and time.monotonic() - last_progress > stall_timeout_s:
+                _terminate(procs)
+                outcome = JobOutcome(job.job_id, "stalled", time.monotonic() - start,
+                                     f"no rank wrote a record for {stall_timeout_s:.0f} s")
                 break
             if time.monotonic() - start > timeout_s:
                 _terminate(procs)
@@ -282,7 +319,8 @@ def _run_points(scenario: Scenario, backend_cls, run_dir: Path, console, timeout
                             state["acc"] = records["eval"].get("accuracy")
                         live.update(render())
 
-                    outcome = launch_job(plan, job, run_dir / "jobs" / job.job_id, port, timeout_s, tick)
+                    outcome = launch_job(plan, job, run_dir / "jobs" / job.job_id, port, timeout_s, tick,
+                                         stall_timeout_s=spec.stall_timeout_s)
                 mark = "[green]ok[/]" if outcome.status == "ok" else f"[red]{outcome.status}[/] {outcome.reason}"
                 console.print(f"  {job.label} seed {job.seed}: {mark} in {outcome.wall_s:.1f}s, "
                               f"step {state['step']}, acc {state['acc']}")

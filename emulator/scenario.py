@@ -98,7 +98,8 @@ class ScenarioFile(BaseModel):
     seeds: list[int] = Field([0], min_length=1, max_length=MAX_SEEDS)
     sweep: SweepAxes = SweepAxes()
     verify: VerifySettings = VerifySettings()
-    job_timeout_s: Optional[float] = Field(None, gt=0)
+    job_timeout_s: Optional[float] = Field(None, gt=0)   # default: 2 x time budget + 180 s
+    stall_timeout_s: Optional[float] = Field(120.0, gt=0)  # no record from any rank for this long
     master_port: int = Field(29500, ge=1024, le=65000)
 
     @model_validator(mode="after")
