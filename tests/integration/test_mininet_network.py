@@ -147,3 +147,21 @@ def test_interrupted_up_tears_everything_down(plan):
         InterruptedAfterAttach(plan).up()
     assert leftovers() == []
     assert read_state(PREFIX) is None
+
+
+def test_driver_bench_mode_times_plain_mininet_and_leaves_nothing(plan):
+    """The reference of bench/bench_updown.py: plain Mininet up and down, timed in the driver."""
+    import json
+
+    from emulator.backends.mininet import driver_argv, driver_spec
+
+    spec = {**driver_spec(plan), "repeats": 2}
+    result = subprocess.run(driver_argv("bench", PREFIX), input=json.dumps(spec), capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    runs = json.loads(result.stdout)["runs"]
+    assert len(runs) == 2
+    for run in runs:
+        assert 0 < run["up_s"] < 30 and 0 < run["down_s"] < 30
+        assert run["total_s"] == pytest.approx(run["up_s"] + run["down_s"])
+    assert leftovers() == []
