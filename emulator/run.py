@@ -22,9 +22,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
+from . import cgroups
 from .backends import REGISTRY
+from .faults import FaultTimeline
 from .netns import exec_argv, interface_of
 from .plan import Plan, make_plan
 from .scenario import Job, Scenario
@@ -84,6 +86,7 @@ class JobOutcome:
 
 
 def _terminate(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
+    procs = [p for p in procs if p is not None]
     for proc in procs:
         if proc.poll() is None:
             proc.terminate()
@@ -139,8 +142,10 @@ def _has_step(path: Path) -> bool:
 
 
 def launch_job(plan: Plan, job: Job, job_dir: Path, master_port: int, timeout_s: float,
-               on_tick=None, stall_timeout_s: Optional[float] = None) -> JobOutcome:
-    """Run one job: one process per node, torchrun-style env.
+               on_tick=None, stall_timeout_s: Optional[float] = None, backend=None,
+               faults: Sequence = (), cpu_share: Optional[float] = None,
+               trace_folder: Path = Path(".")) -> JobOutcome:
+    """Run one job: one process per node, torchrun-style env, faults injected on a timeline.
 
     Watchdogs: the whole job is bounded by `timeout_s`; once training has started, a job in which
     no rank writes a record for `stall_timeout_s` is ended as "stalled" (a dead or stuck rank
@@ -156,39 +161,92 @@ def launch_job(plan: Plan, job: Job, job_dir: Path, master_port: int, timeout_s:
         argv = [sys.executable, "-m", "trainers", str(job_dir / "config.json")]
     else:
         argv = list(job.command)
-    procs: list[subprocess.Popen] = []
+    needs_cgroups = cpu_share is not None or any(e.kind == "straggler" for e in faults)
+    groups = {node.name: cgroups.create(plan.prefix, node.name) for node in plan.nodes} if needs_cgroups else {}
+    for group in groups.values():
+        cgroups.set_cpu_limit(group, cpu_share)
+    procs: list[subprocess.Popen] = [None] * world  # type: ignore[list-item]
     logs = []
+    crashed: dict[int, float] = {}      # rank -> when we killed it on purpose
+    restart_pending: set[int] = set()
     start = time.monotonic()
     outcome: Optional[JobOutcome] = None
+
+    def spawn(node, restarts: int = 0) -> None:
+        ifname = interface_of(node)
+        env = {**os.environ, "GLOO_SOCKET_IFNAME": ifname, "NCCL_SOCKET_IFNAME": ifname,
+               "TP_SOCKET_IFNAME": ifname, "RANK": str(node.rank), "WORLD_SIZE": str(world),
+               "LOCAL_RANK": "0", "MASTER_ADDR": master.address, "MASTER_PORT": str(master_port),
+               "WANBENCH_NODE": node.name, "WANBENCH_OUTPUT_DIR": str(job_dir),
+               "WANBENCH_RESTARTS": str(restarts),
+               "PYTHONPATH": str(PROJECT_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        log = open(job_dir / f"rank{node.rank}.log", "a")
+        logs.append(log)
+        hook = cgroups.join_hook(groups[node.name]) if groups else None
+        # start_new_session: a Ctrl-C in the terminal reaches us, and we end the ranks in order.
+        procs[node.rank] = subprocess.Popen(exec_argv(node, argv), env=env, stdout=log,
+                                            stderr=subprocess.STDOUT, start_new_session=True,
+                                            preexec_fn=hook)
+
+    def crash_node(name: str) -> str:
+        node = plan.node(name)
+        procs[node.rank].kill()
+        crashed[node.rank] = time.monotonic() - start
+        return f"rank {node.rank} (pid {procs[node.rank].pid}) killed"
+
+    def restart_node(name: str) -> str:
+        node = plan.node(name)
+        restart_pending.discard(node.rank)
+        if procs[node.rank].poll() is None:
+            return f"rank {node.rank} still running; not restarted"
+        spawn(node, restarts=1)
+        return f"rank {node.rank} restarted as pid {procs[node.rank].pid}"
+
+    def set_cpu_factor(name: str, factor: float) -> str:
+        cores = (cpu_share or 1.0) / factor if factor != 1.0 else cpu_share
+        cgroups.set_cpu_limit(groups[name], cores)
+        return "cpu unlimited" if cores is None else f"cpu limit {cores:.3g} cores"
+
+    def set_link(src_region: str, dst_region: str, spec) -> None:
+        if backend is None:
+            raise RuntimeError("no backend to change links on")
+        backend.set_link(src_region, dst_region, spec)
+
+    timeline = None
+    if faults:
+        timeline = FaultTimeline(faults, dict(plan.region_links), set_link, crash_node, restart_node,
+                                 set_cpu_factor, job_dir / "faults.jsonl", trace_folder)
+        restart_pending = {plan.node(e.node).rank for e in faults
+                           if e.kind == "node_crash" and e.restart_after is not None}
+
+    def exit_reason(rank: int, code: int) -> str:
+        text = f"rank {rank} exited {code}"
+        if rank in crashed:
+            text += f" (injected node_crash at {crashed[rank]:.1f} s)"
+        return text
+
     try:
         for node in plan.nodes:
-            ifname = interface_of(node)
-            env = {**os.environ, "GLOO_SOCKET_IFNAME": ifname, "NCCL_SOCKET_IFNAME": ifname,
-                   "TP_SOCKET_IFNAME": ifname, "RANK": str(node.rank), "WORLD_SIZE": str(world),
-                   "LOCAL_RANK": "0", "MASTER_ADDR": master.address, "MASTER_PORT": str(master_port),
-                   "WANBENCH_NODE": node.name, "WANBENCH_OUTPUT_DIR": str(job_dir),
-                   "PYTHONPATH": str(PROJECT_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-            log = open(job_dir / f"rank{node.rank}.log", "w")
-            logs.append(log)
-            # start_new_session: a Ctrl-C in the terminal reaches us, and we end the ranks in order.
-            procs.append(subprocess.Popen(exec_argv(node, argv), env=env, stdout=log,
-                                          stderr=subprocess.STDOUT, start_new_session=True))
+            spawn(node)
         failed_at: Optional[float] = None
         marks = _progress_marks(job_dir, world)
         last_progress = time.monotonic()
         armed = False  # the stall watchdog starts once every rank took a step (start-up is slow)
         while True:
+            if timeline is not None:
+                timeline.poll(time.monotonic() - start)
             codes = [p.poll() for p in procs]
-            if all(code is not None for code in codes):
+            if all(code is not None for code in codes) and not restart_pending:
                 bad = [(i, c) for i, c in enumerate(codes) if c != 0]
                 status = "ok" if not bad else "failed"
-                reason = "" if not bad else "; ".join(f"rank {i} exited {c}" for i, c in bad)
+                reason = "; ".join(exit_reason(i, c) for i, c in bad)
                 outcome = JobOutcome(job.job_id, status, time.monotonic() - start, reason)
                 break
-            if failed_at is None and any(code not in (None, 0) for code in codes):
+            failing = [i for i, c in enumerate(codes) if c not in (None, 0) and i not in restart_pending]
+            if failed_at is None and failing:
                 failed_at = time.monotonic()
             if failed_at is not None and time.monotonic() - failed_at > FAILED_RANK_GRACE_S:
-                bad = [f"rank {i} exited {c}" for i, c in enumerate(codes) if c not in (None, 0)]
+                bad = [exit_reason(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
                 _terminate(procs)
                 outcome = JobOutcome(job.job_id, "failed", time.monotonic() - start,
                                      "; ".join(bad) + "; the other ranks were ended")
@@ -212,12 +270,18 @@ def launch_job(plan: Plan, job: Job, job_dir: Path, master_port: int, timeout_s:
                 on_tick(_last_records(job_dir / "rank0.jsonl"), time.monotonic() - start)
             time.sleep(0.25)
     except BaseException:
-        _terminate(procs)
+        _terminate([p for p in procs if p is not None])
         outcome = JobOutcome(job.job_id, "interrupted", time.monotonic() - start, "interrupted")
         raise
     finally:
         for log in logs:
             log.close()
+        if backend is not None and timeline is not None:
+            for (src, dst), spec in plan.region_links.items():
+                if timeline.current.get((src, dst)) != spec:
+                    backend.set_link(src, dst, spec)  # the next job starts on the topology's links
+        for group in groups.values():
+            cgroups.remove(group)
         if outcome is not None:
             write_json_atomic(job_dir / "job.json", {**dataclasses.asdict(outcome), "label": job.label,
                                                      "algorithm": job.algorithm, "seed": job.seed,
@@ -320,7 +384,9 @@ def _run_points(scenario: Scenario, backend_cls, run_dir: Path, console, timeout
                         live.update(render())
 
                     outcome = launch_job(plan, job, run_dir / "jobs" / job.job_id, port, timeout_s, tick,
-                                         stall_timeout_s=spec.stall_timeout_s)
+                                         stall_timeout_s=spec.stall_timeout_s, backend=backend,
+                                         faults=spec.faults, cpu_share=spec.cpu_share,
+                                         trace_folder=Path(scenario.source_file).parent)
                 mark = "[green]ok[/]" if outcome.status == "ok" else f"[red]{outcome.status}[/] {outcome.reason}"
                 console.print(f"  {job.label} seed {job.seed}: {mark} in {outcome.wall_s:.1f}s, "
                               f"step {state['step']}, acc {state['acc']}")

@@ -16,6 +16,7 @@ from typing import Literal, Optional
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .faults import FaultEvent, read_trace
 from .inputs import topology_of
 from .schema import ConfigError, config_error_from_pydantic, load_yaml_mapping
 from .topology import MAX_NODES_PER_REGION, Topology
@@ -101,6 +102,8 @@ class ScenarioFile(BaseModel):
     job_timeout_s: Optional[float] = Field(None, gt=0)   # default: 2 x time budget + 180 s
     stall_timeout_s: Optional[float] = Field(120.0, gt=0)  # no record from any rank for this long
     master_port: int = Field(29500, ge=1024, le=65000)
+    cpu_share: Optional[float] = Field(None, gt=0, le=1024)   # cores per node (cgroup cpu quota)
+    faults: list[FaultEvent] = Field([], max_length=1000)
 
     @model_validator(mode="after")
     def _something_to_run(self):
@@ -204,6 +207,28 @@ def _check_trainer_config(source: str, field_prefix: str, config: dict) -> None:
         raise ConfigError(source, where, exc.reason) from None
 
 
+def _check_faults(source: str, spec: ScenarioFile, topology: Topology) -> None:
+    """Fault targets must exist in the topology (at its largest node count) and traces must parse."""
+    counts = [n for n in spec.sweep.nodes_per_region if n] or [None]
+    for index, event in enumerate(spec.faults):
+        where = f"faults[{index}]"
+        if event.node is not None:
+            region, _, number = event.node.rpartition("-")
+            per_region = [n or topology.regions.get(region, 0) for n in counts]
+            if region not in topology.regions or not number.isdigit() or int(number) >= min(per_region):
+                raise ConfigError(source, f"{where}.node", f"no node {event.node!r} in every network of this scenario")
+        if event.between is not None or event.from_ is not None:
+            for region in (event.between or [event.from_, event.to]):
+                if region not in topology.regions:
+                    raise ConfigError(source, where, f"unknown region {region!r} (regions: {', '.join(topology.regions)})")
+        if event.kind == "trace":
+            path = Path(event.file) if Path(event.file).is_absolute() else Path(source).parent / event.file
+            try:
+                read_trace(path)
+            except (OSError, ValueError) as exc:
+                raise ConfigError(source, f"{where}.file", str(exc)) from None
+
+
 def scenario_from_dict(data: dict, source: str) -> Scenario:
     """Validate a parsed scenario document and expand it into jobs; ConfigError on any mistake."""
     try:
@@ -213,6 +238,7 @@ def scenario_from_dict(data: dict, source: str) -> Scenario:
     topology = topology_of(source)  # resolves `topology:` and `nodes:`, with the same errors
     name = spec.name or Path(source).stem
 
+    _check_faults(source, spec, topology)
     for label in spec.sweep.params:
         if label not in [a.label or a.name for a in spec.algorithms]:
             raise ConfigError(source, f"sweep.params.{label}", "no algorithm with this label or name")

@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import ClassVar, Type
+from typing import ClassVar, Optional, Type
 
 from ..plan import Plan
+from ..topology import LinkSpec
 
 STATE_ROOT = Path(os.environ.get("WANBENCH_STATE_DIR", "/run/wanbench"))
 
@@ -40,6 +41,13 @@ class Backend:
     def down(self) -> None:
         """Tear down what `up` built. Idempotent."""
         raise NotImplementedError
+
+    def set_link(self, src_region: str, dst_region: str, spec: Optional[LinkSpec]) -> None:
+        """Change every node pair from `src_region` to `dst_region` while the network is up.
+
+        `spec` None takes the link down (every packet dropped). Used by fault injection.
+        """
+        raise NotImplementedError(f"the {self.name} backend cannot change links while up")
 
     def counters(self) -> list[dict]:
         """Per-pair counters (packets, bytes, drops) where the backend keeps them."""

@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 import shlex
 import subprocess
+from dataclasses import replace
+from typing import Optional
 
 from .. import netns
 from ..plan import Node, Plan
@@ -106,6 +108,23 @@ def shaping_commands(plan: Plan, src: Node) -> list[list[str]]:
     return cmds
 
 
+def change_commands(plan: Plan, src: Node, dst: Node, spec: Optional[LinkSpec]) -> list[list[str]]:
+    """tc commands that change the src->dst class and netem leaf in place (None: 100% loss)."""
+    ns, dev, minor = src.namespace, NODE_IFNAME, class_id(dst)
+    base = plan.link(src, dst)
+    spec = spec or replace(base, loss_fraction=1.0)
+    rate = format_rate(spec.rate_bit_s)
+    netem = ["netem", "delay", format_time_ms(spec.one_way_delay_ms)]
+    if spec.jitter_ms:
+        netem.append(format_time_ms(spec.jitter_ms))
+    netem += ["loss", f"{spec.loss_fraction * 100:g}%", "limit", str(netem_limit_packets(spec))]
+    return [
+        ["tc", "-n", ns, "class", "change", "dev", dev, "parent", "1:", "classid", f"1:{minor}",
+         "htb", "rate", rate, "ceil", rate],
+        ["tc", "-n", ns, "qdisc", "change", "dev", dev, "parent", f"1:{minor}", "handle", f"{minor}:", *netem],
+    ]
+
+
 def script(plan: Plan) -> str:
     """The whole build as a shell script a person can read and run (what `--dry-run` prints)."""
     lines = ["#!/bin/sh", f"# wanbench tc backend: {plan.topology_name}, {len(plan.nodes)} nodes", "set -e"]
@@ -180,6 +199,12 @@ class TcBackend(Backend):
         except BaseException:
             self.down()
             raise
+
+    def set_link(self, src_region: str, dst_region: str, spec: Optional[LinkSpec]) -> None:
+        for src in self.plan.nodes:
+            for dst in self.plan.nodes:
+                if src is not dst and src.region == src_region and dst.region == dst_region:
+                    run_commands(change_commands(self.plan, src, dst, spec))
 
     def down(self) -> None:
         netns.remove_nodes(self.plan)

@@ -85,3 +85,18 @@ def test_dry_run_script_is_the_commands(plan):
     assert text.startswith("#!/bin/sh\n")
     for cmd in tc.link_commands(plan) + tc.shaping_commands(plan, plan.node("z-0")):
         assert " ".join(cmd) in text
+
+
+def test_link_change_commands_for_faults(plan):
+    from dataclasses import replace
+
+    x, z = plan.node("x-0"), plan.node("z-0")
+    down = [" ".join(c) for c in tc.change_commands(plan, x, z, None)]
+    assert down == [
+        "tc -n wbt-x-0 class change dev eth0 parent 1: classid 1:c htb rate 1Gbit ceil 1Gbit",
+        "tc -n wbt-x-0 qdisc change dev eth0 parent 1:c handle c: netem delay 50ms loss 100% limit 12500",
+    ]
+    slower = replace(plan.link(x, z), rate_bit_s=10e6, one_way_delay_ms=80.0)
+    lines = [" ".join(c) for c in tc.change_commands(plan, x, z, slower)]
+    assert lines[0].endswith("htb rate 10Mbit ceil 10Mbit")
+    assert "netem delay 80ms loss 1% limit" in lines[1]
