@@ -188,9 +188,16 @@ def expected_rtt_ms(plan, src, dst) -> float:
             + 1000 * wire_bits / forward.rate_bit_s + 1000 * wire_bits / back.rate_bit_s)
 
 
-def rtt_cases(topology_path: Path, count: int, interval_ms: float, loaded: bool,
+LOADS = ("idle", "wan", "intra")
+
+
+def rtt_cases(topology_path: Path, count: int, interval_ms: float, load_kind: str,
               realtime: bool) -> list[dict]:
-    """RTT error on every inter-region pair, optionally while one flow saturates another pair.
+    """RTT error on every inter-region pair, idle or while one TCP flow saturates another pair.
+
+    load_kind: "idle"; "wan": a flow between the first two regions (rate-capped by the link);
+    "intra": a flow between the two nodes of the first region (10 Gbit/s: more than the delay line
+    can move, so it shows whether one overloading flow spills onto the other pairs).
 
     Two bases are measured: the prober on loopback (its own overhead only) and a second node in the
     first region (intra-region pair: the prober plus one delay-line hop each way, minus the
@@ -219,9 +226,8 @@ def rtt_cases(topology_path: Path, count: int, interval_ms: float, loaded: bool,
                          "lost": intra["lost"]})
             hop = {"p50_ms": intra["p50_ms"] - intra_expected, "p99_ms": intra["p99_ms"] - intra_expected}
             load_pair = set()
-            if loaded:
-                # One saturating flow between the first two regions; the other pairs must not feel it.
-                a, b = first[0], others[0]
+            if load_kind != "idle":
+                a, b = (first[0], others[0]) if load_kind == "wan" else (first[-1], first[0])
                 load_pair = {a.name, b.name}
                 load = Background(b, ["iperf3", "-s", "-1", "-p", str(IPERF_PORT)])
                 time.sleep(0.3)
@@ -237,7 +243,7 @@ def rtt_cases(topology_path: Path, count: int, interval_ms: float, loaded: bool,
                     expected_ms = expected_rtt_ms(plan, src, dst)
                     result = run_probe(src, dst.address, count, interval_ms, realtime)
                     rows.append({
-                        "case": "rtt under load" if loaded else "rtt idle",
+                        "case": f"rtt {load_kind}" if load_kind == "idle" else f"rtt, {load_kind} flow",
                         "pair": f"{src.name}<->{dst.name}", "rtt_ms": expected_ms,
                         "p50_ms": result["p50_ms"], "p99_ms": result["p99_ms"], "lost": result["lost"],
                         "p50_error_ms": result["p50_ms"] - expected_ms - loopback["p50_ms"],
@@ -246,7 +252,7 @@ def rtt_cases(topology_path: Path, count: int, interval_ms: float, loaded: bool,
                         "p99_error_vs_hop_ms": result["p99_ms"] - expected_ms - hop["p99_ms"],
                     })
             status = delayline_status(backend)
-            rows.append({"case": "delay line lag" + (" (loaded)" if loaded else ""), "pair": "all",
+            rows.append({"case": f"delay line lag ({load_kind})", "pair": "all",
                          "lag_mean_us": status["lag"]["mean_us"], "lag_max_us": status["lag"]["max_us"],
                          "late_over_1ms": status["lag"]["late_over_1ms"],
                          "deliveries": status["lag"]["deliveries"]})
@@ -312,8 +318,8 @@ def main(argv=None) -> int:
                   f"late {row['late_deliveries_pct']:.2f}%  ring drops {row['tun_ring_drops']}", flush=True)
     if not args.skip_rtt:
         count, interval_ms = (200, 5.0) if args.quick else (1000, 2.0)
-        for loaded in (False, True):
-            rtt_rows += rtt_cases(args.topology, count, interval_ms, loaded, not args.normal_probes)
+        for load_kind in LOADS:
+            rtt_rows += rtt_cases(args.topology, count, interval_ms, load_kind, not args.normal_probes)
         print(f"\n{'case':<25} {'pair':<22} {'rtt_ms':>9} {'p50_ms':>9} {'p99_ms':>9} "
               f"{'p50_err':>8} {'p99_err':>8} {'p50_hop':>8} {'p99_hop':>8} lost   (err: vs loopback base; "
               f"hop: vs intra-region pair)")

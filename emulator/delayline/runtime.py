@@ -300,8 +300,10 @@ class DelayLine:
                 lag.interval_max_ns = int(worst)
                 if worst > lag.max_ns:
                     lag.max_ns = int(worst)
-            # 2. Frames waiting in the devices, at most `batch` per device per turn.
+            # 2. Frames waiting in the devices, at most `batch` per device per turn, and none
+            #    once a delivery falls due: reading never makes a delivery late.
             events = poll(0)
+            delivery_due = False
             for fd, _ in events:
                 src = rank_of_fd.get(fd)
                 if src is None:  # the signal wake-up pipe
@@ -310,21 +312,28 @@ class DelayLine:
                     except BlockingIOError:
                         pass
                     continue
-                now = monotonic_ns()
                 base = src * node_count
                 for _ in range(batch):
                     try:
                         frame = read(fd, max_frame)
                     except BlockingIOError:
                         break
+                    # Stamp every frame as it is read: a stamp per batch made later frames of a
+                    # batch leave early (measured: RTT 67 us below the configured minimum).
+                    now = monotonic_ns()
                     dst = rank_by_address.get(frame[dst_start:dst_end]) if frame[vnet] >> 4 == 4 else None
                     if dst is None or dst == src:
                         unknown[src] += 1
                         continue
                     size = len(frame) - vnet if frame[1] == 0 else wire_bytes(frame)
                     offer(base + dst, frame, fds[dst], size, now)
+                    if heap and heap[0][0] <= now:
+                        delivery_due = True
+                        break
                 else:
                     self.read_batches_full += 1
+                if delivery_due:
+                    break
             # 3. Housekeeping once per interval, and on SIGUSR1.
             now = monotonic_ns()
             if now >= next_interval_ns:
