@@ -59,12 +59,10 @@ class LocalSGD(Algorithm):
 
     def train_step(self, step: int, batch: tuple) -> StepResult:
         warming_up = step < self.params.warmup_steps
-        if self.bucketer is not None:
-            self.bucketer.enabled = warming_up
-            if not warming_up:
-                # Warm-up is over for good: drop the hooks so local steps pay nothing for them.
-                self.bucketer.remove_hooks()
-                self.bucketer = None
+        if self.bucketer is not None and not warming_up:
+            # Warm-up is over for good: drop the hooks so local steps pay nothing for them.
+            self.bucketer.remove_hooks()
+            self.bucketer = None
         loss = self.forward_backward(batch)
         if warming_up:
             self.bucketer.wait_and_apply()

@@ -1,17 +1,18 @@
 """`sync`: gradient all-reduce every step, bucketed and overlapped with the backward pass.
 
 Parameters are grouped into buckets of about ``bucket_cap_mb`` in reverse registration order
-(roughly the order backward produces their gradients, as DDP does). A post-accumulate-grad hook
-per parameter counts ready gradients; when a bucket is complete its gradients are copied into the
-bucket's flat buffer and ``exchange_hook`` starts an asynchronous all-reduce, while backward keeps
-computing earlier layers. Before the optimizer step every bucket is waited on and the averaged
-gradients are copied back. Buckets are launched strictly in index order, so every rank issues
-the same sequence of collectives even if hooks fire in a different order.
+(roughly the order backward produces their gradients, as DDP does). Gradients are views into
+their bucket's flat buffer (DDP's gradient_as_bucket_view), so backward accumulates straight
+into it. A post-accumulate-grad hook per parameter counts ready gradients; when a bucket is
+complete, ``exchange_hook`` starts an asynchronous in-place all-reduce of its buffer while
+backward keeps computing earlier layers. Before the optimizer step every bucket is waited on;
+the averages are then already in ``.grad``. Buckets are launched strictly in index order, so
+every rank issues the same sequence of collectives even if hooks fire in a different order.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -38,6 +39,7 @@ class SyncParams:
 class _Bucket:
     params: list[torch.nn.Parameter]
     buffer: torch.Tensor
+    views: list[torch.Tensor]
     ready: int = 0
     work: Optional[Work] = None
 
@@ -63,7 +65,6 @@ class GradientBucketer:
     def __init__(self, parameters, comm: Comm, bucket_cap_bytes: int, exchange_hook: ExchangeHook):
         self.comm = comm
         self.exchange_hook = exchange_hook
-        self.enabled = True
         self.state = BucketState()
         trainable = [p for p in parameters if p.requires_grad]
         self.buckets: list[_Bucket] = []
@@ -84,11 +85,21 @@ class GradientBucketer:
 
     def _add_bucket(self, params: list[torch.nn.Parameter]) -> None:
         numel = sum(p.numel() for p in params)
-        self.buckets.append(_Bucket(params, torch.zeros(numel, dtype=params[0].dtype, device=params[0].device)))
+        buffer = torch.zeros(numel, dtype=params[0].dtype, device=params[0].device)
+        views, offset = [], 0
+        for param in params:
+            views.append(buffer[offset : offset + param.numel()].view_as(param))
+            offset += param.numel()
+        # Gradients live in the bucket buffer (DDP's gradient_as_bucket_view): backward
+        # accumulates straight into it, so launching and applying a bucket copies nothing.
+        with torch.no_grad():
+            for param, view in zip(params, views):
+                if param.grad is not None:
+                    view.copy_(param.grad)
+                param.grad = view
+        self.buckets.append(_Bucket(params, buffer, views))
 
     def _on_grad_ready(self, param: torch.nn.Parameter) -> None:
-        if not self.enabled:
-            return
         bucket = self.buckets[self._bucket_of[id(param)]]
         bucket.ready += 1
         # Launch every complete bucket in index order; a complete bucket waits for earlier ones.
@@ -99,31 +110,25 @@ class GradientBucketer:
             self._launch(candidate)
 
     def _launch(self, bucket: _Bucket) -> None:
-        offset = 0
-        for param in bucket.params:
-            count = param.numel()
-            target = bucket.buffer[offset : offset + count]
+        for param, view in zip(bucket.params, bucket.views):
             if param.grad is None:
-                target.zero_()
-            else:
-                target.copy_(param.grad.reshape(-1))
-            offset += count
+                view.zero_()
+                param.grad = view
+            elif param.grad.data_ptr() != view.data_ptr():
+                # Someone replaced .grad (e.g. zero_grad(set_to_none=True)): copy, then rebind.
+                view.copy_(param.grad)
+                param.grad = view
         bucket.work = self.exchange_hook(self.comm, bucket.buffer)
         self.state.next_to_launch += 1
 
     def wait_and_apply(self) -> None:
-        """Launch buckets whose parameters got no gradient, wait for all, write averages into .grad."""
+        """Launch buckets whose parameters got no gradient, wait for all; .grad then holds the averages."""
         while self.state.next_to_launch < len(self.buckets):
             self._launch(self.buckets[self.state.next_to_launch])
         for bucket in self.buckets:
             averaged = bucket.work.wait()
-            offset = 0
-            for param in bucket.params:
-                count = param.numel()
-                if param.grad is None:
-                    param.grad = torch.zeros_like(param)
-                param.grad.copy_(averaged[offset : offset + count].view_as(param))
-                offset += count
+            if averaged.data_ptr() != bucket.buffer.data_ptr():  # a hook that returns a new tensor
+                bucket.buffer.copy_(averaged)
             bucket.ready = 0
             bucket.work = None
         self.state.next_to_launch = 0
