@@ -236,6 +236,7 @@ class DelayLine:
             on_ready()
             self._loop(poller, wake_read)
         finally:
+            gc.unfreeze()
             gc.enable()
             poller.close()
             for sig, handler in handlers.items():
