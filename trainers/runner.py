@@ -97,7 +97,8 @@ def _device(config: Config) -> torch.device:
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise RuntimeError("device: cuda was asked for but torch sees no CUDA device")
-    index = int(os.environ.get("LOCAL_RANK", "0"))
+    # Ranks beyond the GPU count share GPUs round-robin (fine for gloo; NCCL needs one GPU per rank).
+    index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
 
