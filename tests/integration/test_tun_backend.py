@@ -17,7 +17,9 @@ import pytest
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-TEST_PREFIX = "wbtuit"
+# Per-process prefixes, so two runs of this file at once (CI and a developer) never meet.
+TEST_PREFIX = f"tu{os.getpid() % 10000:04d}"
+DOWN_TEST_PREFIX = f"td{os.getpid() % 10000:04d}"
 POOL = "10.213.0.0/24"
 
 if os.geteuid() != 0:
@@ -191,28 +193,28 @@ def test_second_up_is_refused(network):
 def test_down_removes_everything_and_is_idempotent(tmp_path):
     """Separate network: up, kill -9 the delay line (devices vanish), down twice."""
     previous = os.environ.get("WANBENCH_PREFIX")
-    os.environ["WANBENCH_PREFIX"] = "wbtuid"
+    os.environ["WANBENCH_PREFIX"] = DOWN_TEST_PREFIX
     path = tmp_path / "two.yaml"
     path.write_text(TOPOLOGY.replace(POOL, "10.214.0.0/24"))
     backend = TunBackend(make_plan(load_topology(path)))
     try:
         backend.up()
-        state, _ = read_state("wbtuid")
+        state, _ = read_state(DOWN_TEST_PREFIX)
         pid = state["delayline_pid"]
         node = backend.plan.nodes[0]
-        assert device_name("wbtuid") in _ns_run(node, ["ip", "link"]).stdout
+        assert device_name(DOWN_TEST_PREFIX) in _ns_run(node, ["ip", "link"]).stdout
         backend.down()
-        assert netns.list_namespaces("wbtuid") == []
-        assert not Path(f"/proc/{pid}").exists() or not is_our_delayline(pid, "wbtuid")
-        assert read_state("wbtuid") is None
+        assert netns.list_namespaces(DOWN_TEST_PREFIX) == []
+        assert not Path(f"/proc/{pid}").exists() or not is_our_delayline(pid, DOWN_TEST_PREFIX)
+        assert read_state(DOWN_TEST_PREFIX) is None
         backend.down()  # idempotent
 
         # Crash safety: a killed delay line takes its TUN devices with it.
         backend.up()
-        pid = read_state("wbtuid")[0]["delayline_pid"]
+        pid = read_state(DOWN_TEST_PREFIX)[0]["delayline_pid"]
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 5
-        while device_name("wbtuid") in _ns_run(node, ["ip", "link"]).stdout:
+        while device_name(DOWN_TEST_PREFIX) in _ns_run(node, ["ip", "link"]).stdout:
             assert time.monotonic() < deadline, "TUN device outlived its delay line"
             time.sleep(0.05)
     finally:
@@ -221,4 +223,4 @@ def test_down_removes_everything_and_is_idempotent(tmp_path):
             os.environ.pop("WANBENCH_PREFIX", None)
         else:
             os.environ["WANBENCH_PREFIX"] = previous
-    assert netns.list_namespaces("wbtuid") == []
+    assert netns.list_namespaces(DOWN_TEST_PREFIX) == []
