@@ -1,0 +1,62 @@
+"""Faults injected into real runs: a crash ends a sync job clearly; a straggler gets its CPU limit."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pandas as pd
+import pytest
+
+pytestmark = pytest.mark.integration
+
+SCENARIO = textwrap.dedent("""
+    name: faults
+    topology:
+      name: ft
+      address_pool: 10.234.0.0/24
+      regions: {a: {nodes: 1}, b: {nodes: 1}}
+      links: [{between: [a, b], rtt: 10ms, rate: 100Mbit}]
+    backend: tun
+    workload: {model: {name: mlp}, dataset: {name: digits}, eval_every: 5}
+    stop: {steps: %d}
+    algorithms: [{name: sync}]
+    verify: {enabled: false}
+    faults:
+%s
+""")
+
+
+def run(write_yaml, tmp_path, steps, faults):
+    path = write_yaml(SCENARIO % (steps, textwrap.indent(faults, "      ")), "scenario.yaml")
+    result = subprocess.run([sys.executable, "-m", "emulator.cli", "run", path, "--output",
+                             str(tmp_path / "runs")], capture_output=True, text=True, timeout=400)
+    run_dir = next((tmp_path / "runs" / "faults").iterdir())
+    job_dir = next((run_dir / "jobs").iterdir())
+    faults = [json.loads(line) for line in (job_dir / "faults.jsonl").read_text().splitlines()]
+    return result, run_dir, job_dir, faults
+
+
+def test_node_crash_fails_a_sync_job_and_names_the_fault(test_prefix, write_yaml, tmp_path):
+    result, run_dir, job_dir, faults = run(write_yaml, tmp_path, 100000,
+                                           "- {at: 12s, kind: node_crash, node: b-0}")
+    assert result.returncode == 0, result.stderr  # the run completes; the job is marked failed
+    job = json.loads((job_dir / "job.json").read_text())
+    assert job["status"] == "failed"
+    assert "rank 1 exited -9 (injected node_crash at" in job["reason"]
+    assert faults[0]["what"] == "node_crash b-0" and faults[0]["ok"]
+    assert (run_dir / "COMPLETE").exists()
+    summary = pd.read_csv(run_dir / "summary.csv")
+    assert summary.loc[0, "status"] == "failed"
+
+
+def test_straggler_gets_and_loses_its_cpu_limit(test_prefix, write_yaml, tmp_path):
+    result, run_dir, job_dir, faults = run(
+        write_yaml, tmp_path, 150, "- {at: 1s, kind: straggler, node: a-0, factor: 4, duration: 6s}")
+    assert result.returncode == 0, result.stderr
+    assert [f["what"] for f in faults] == ["straggler a-0 x4", "straggler a-0 ends"]
+    assert faults[0]["effect"] == "cpu limit 0.25 cores" and faults[1]["effect"] == "cpu unlimited"
+    assert json.loads((job_dir / "job.json").read_text())["status"] == "ok"
+    from emulator import cgroups
+
+    assert not cgroups.group_path(test_prefix, "a-0").exists()  # removed after the job
