@@ -239,15 +239,13 @@ def cmd_clean(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from rich.console import Console
+    import pandas as pd
 
     from .report import default_out_dir, incomplete_message, write_report
     from .results import summary_table
 
     outcome = write_report(args.run_dirs, Path(args.out) if args.out else default_out_dir(args.run_dirs))
-    out = Console(highlight=False)
-    import pandas as pd
-
+    out = stdout_console()
     combined = pd.read_csv(outcome.combined_csv)
     for run_name, rows in combined.groupby("run", sort=False):
         out.print(summary_table(rows, run_name))
