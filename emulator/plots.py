@@ -16,13 +16,10 @@ import zlib
 from typing import Optional
 
 import matplotlib
-
-matplotlib.use("Agg")  # no display: figures are written by the report, never shown here
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+import numpy as np
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
 FIGSIZE_IN = (7.0, 4.5)
 WIDE_FIGSIZE_IN = (11.0, 4.5)   # two panels side by side
@@ -33,21 +30,21 @@ TITLE_PT = 12
 # Fixed colours by algorithm registry name (colour-blind-safe Okabe-Ito first, then tab10).
 PALETTE = {
     "sync": "#000000",
-    "ddp": "#999999",
+    "ddp": "#7F7F7F",
     "dts": "#0072B2",
     "local_sgd": "#E69F00",
     "diloco": "#009E73",
     "swarmsgd": "#CC79A7",
-    "gossip": "#CC79A7",
+    "dpsgd": "#9467BD",
+    "adpsgd": "#8C564B",
     "easgd": "#D55E00",
-    "async": "#D55E00",
-    "ea_wild": "#D55E00",
-    "qsgd": "#56B4E9",
-    "powersgd": "#8C564B",
-    "p3": "#F0E442",
+    "eawild": "#B22222",
+    "async_ps": "#17BECF",
+    "quantized": "#56B4E9",
+    "p3": "#BCBD22",
 }
-_FALLBACK = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf",
-             "#bcbd22", "#7f7f7f"]
+_FALLBACK = ["#1f77b4", "#2ca02c", "#d62728", "#e377c2", "#ff7f0e", "#393b79", "#637939", "#843c39",
+             "#5254a3", "#7b4173"]
 _LINESTYLES = ["-", "--", ":", "-."]
 _MARKERS = ["o", "s", "^", "D", "v", "P"]
 
@@ -90,8 +87,11 @@ def _label_order(frame: pd.DataFrame) -> list:
 
 
 def _new_figure(panels: int = 1):
-    with plt.rc_context({"font.size": FONT_PT}):
+    # A plain Figure on an Agg canvas: headless, and no global state (pyplot's figure list, the
+    # session's backend) is touched, so a notebook or a long report never accumulates figures.
+    with matplotlib.rc_context({"font.size": FONT_PT}):
         figure = Figure(figsize=WIDE_FIGSIZE_IN if panels > 1 else FIGSIZE_IN, dpi=DPI)
+        FigureCanvasAgg(figure)
         axes = figure.subplots(1, panels, squeeze=False)[0]
     for ax in axes:
         ax.tick_params(labelsize=FONT_PT)
