@@ -295,10 +295,15 @@ def main(argv=None) -> int:
     parser.add_argument("--skip-rtt", action="store_true")
     parser.add_argument("--congestion", default="cubic,bbr",
                         help="TCP congestion controls to run each flow with (iperf3 -C), comma-separated")
+    parser.add_argument("--loads", default=",".join(LOADS),
+                        help=f"RTT cases to run, comma-separated from {LOADS}")
     parser.add_argument("--normal-probes", action="store_true",
                         help="run the probers as normal tasks instead of SCHED_FIFO 5")
     parser.add_argument("--topology", type=Path, default=REPO / "topologies" / "aws-4region.yaml")
     args = parser.parse_args(argv)
+    unknown = set(args.loads.split(",")) - set(LOADS)
+    if unknown:
+        parser.error(f"--loads: unknown {sorted(unknown)}; choose from {LOADS}")
     netns.check_root()
 
     env = environment()
@@ -318,7 +323,7 @@ def main(argv=None) -> int:
                   f"late {row['late_deliveries_pct']:.2f}%  ring drops {row['tun_ring_drops']}", flush=True)
     if not args.skip_rtt:
         count, interval_ms = (200, 5.0) if args.quick else (1000, 2.0)
-        for load_kind in LOADS:
+        for load_kind in args.loads.split(","):
             rtt_rows += rtt_cases(args.topology, count, interval_ms, load_kind, not args.normal_probes)
         print(f"\n{'case':<25} {'pair':<22} {'rtt_ms':>9} {'p50_ms':>9} {'p99_ms':>9} "
               f"{'p50_err':>8} {'p99_err':>8} {'p50_hop':>8} {'p99_hop':>8} lost   (err: vs loopback base; "
