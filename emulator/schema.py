@@ -23,6 +23,10 @@ class ConfigError(Exception):
     """A user's input file is wrong; str() is the one-line message shown to the user."""
 
     def __init__(self, source: str, field: str, message: str):
+        # One line, whatever a file's keys or values hold (newlines and control characters escaped).
+        field = field if field.isprintable() else field.encode("unicode_escape").decode("ascii")
+        message = " ".join(message.split())
+        message = message if message.isprintable() else message.encode("unicode_escape").decode("ascii")
         self.source = source
         self.field = field
         self.message = message
