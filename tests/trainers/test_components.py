@@ -92,7 +92,7 @@ def test_imagefolder_reads_class_folders(tmp_path):
     [
         ("mlp", "synthetic", {}),
         ("lenet", "digits", {}),
-        ("resnet20", "digits", {}),
+        ("resnet20", "digits", {"blocks_per_stage": 1, "width": 8}),
         ("vgg", "digits", {}),
         ("transformer", "synthetic_tokens", {"d_model": 32}),
     ],

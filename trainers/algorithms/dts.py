@@ -86,7 +86,7 @@ class DTS(Algorithm):
         if state.steps_accumulated == self.params.p:
             local_update = state.accumulated.clone()
             # The exchange runs on its own buffer (averaged in place) while local steps go on.
-            work = type(self).exchange_hook(self.comm, state.accumulated.clone())
+            work = self.exchange_hook(self.comm, state.accumulated.clone())
             state.pending.append(PendingSync(step, work, local_update))
             state.accumulated.zero_()
             state.steps_accumulated = 0
