@@ -65,6 +65,7 @@ class Work:
         op: operation name for accounting.
         wait_fn: blocks until the operation is done and returns its result (called at most once).
         poll_fn: returns True once the operation is done without blocking (None: unknown -> False).
+        accounted: whether time in ``wait()`` counts as blocked (False for derived handles).
     """
 
     def __init__(
@@ -73,11 +74,13 @@ class Work:
         op: str,
         wait_fn: Callable[[], Optional[torch.Tensor]],
         poll_fn: Optional[Callable[[], bool]] = None,
+        accounted: bool = True,
     ):
         self._comm = comm
         self._op = op
         self._wait_fn = wait_fn
         self._poll_fn = poll_fn
+        self._accounted = accounted
         self._done = False
         self._result: Optional[torch.Tensor] = None
 
@@ -86,7 +89,8 @@ class Work:
         if not self._done:
             start = time.perf_counter()
             self._result = self._wait_fn()
-            self._comm._account(self._op, 0, 0, time.perf_counter() - start, calls=0)
+            if self._accounted:
+                self._comm._account(self._op, 0, 0, time.perf_counter() - start, calls=0)
             self._done = True
         return self._result
 
@@ -95,8 +99,11 @@ class Work:
         return self._done or bool(self._poll_fn and self._poll_fn())
 
     def then(self, fn: Callable[[Optional[torch.Tensor]], Optional[torch.Tensor]]) -> "Work":
-        """A handle whose result is ``fn`` applied to this handle's result."""
-        return Work(self._comm, self._op, lambda: fn(self.wait()), self.is_completed)
+        """A handle whose result is ``fn`` applied to this handle's result.
+
+        Only the inner wait is accounted as blocked time (``fn`` is local work, e.g. decoding).
+        """
+        return Work(self._comm, self._op, lambda: fn(self.wait()), self.is_completed, accounted=False)
 
 
 class Comm(ABC):

@@ -1,8 +1,12 @@
 """The comm layer on 2 real gloo ranks: results of every operation and their byte/time accounting."""
 
 import json
+import time
 
 import pytest
+import torch
+
+from trainers.comm import Comm, Work
 
 
 @pytest.mark.slow
@@ -34,3 +38,24 @@ def test_every_operation_and_its_accounting(spawn_ranks, tmp_path):
     # Broadcast: the root (rank 1) sends one copy to the other rank, which receives it.
     assert results[1]["stats"]["broadcast"]["bytes_sent"] == 40 and results[1]["stats"]["broadcast"]["bytes_recv"] == 0
     assert results[0]["stats"]["broadcast"]["bytes_recv"] == 40 and results[0]["stats"]["broadcast"]["bytes_sent"] == 0
+
+
+class SlowLocalComm(Comm):
+    """A world of one whose all_reduce takes 50 ms to complete (a stand-in for a network)."""
+
+    def _all_reduce(self, tensor, op):
+        return (lambda: (time.sleep(0.05), tensor)[1]), (lambda: False)
+
+    def _unused(self, *args):
+        raise NotImplementedError("only all_reduce is needed here")
+
+    _broadcast = _all_gather = _isend = _irecv = _barrier = _unused
+
+
+def test_chained_work_counts_blocked_time_once():
+    """A handle derived with then() must not add its inner wait a second time."""
+    comm = SlowLocalComm(rank=0, world_size=1)
+    work = comm.all_reduce(torch.ones(4), async_op=True).then(lambda t: t * 2)
+    assert isinstance(work, Work)
+    assert work.wait().tolist() == [2.0] * 4
+    assert 0.05 <= comm.stats.blocked_s < 0.09
