@@ -237,13 +237,12 @@ def main(argv=None) -> int:
     print(f"{'variant':<22}{'median ms/step':>15}{'min':>9}{'max':>9}{'bytes sent/step':>17}  source")
     for variant, s in summary.items():
         print(f"{variant:<22}{s['median_step_ms']:>15.2f}{s['min_step_ms']:>9.2f}{s['max_step_ms']:>9.2f}{s['bytes_sent_per_step']:>17,.0f}  {s['bytes_source']}")
-    ratios = {
-        "ours_sync / torch_ddp": summary["ours_sync"]["median_step_ms"] / summary["torch_ddp"]["median_step_ms"],
-        "ours_local_sgd / torch_post_local_sgd": summary["ours_local_sgd"]["median_step_ms"] / summary["torch_post_local_sgd"]["median_step_ms"],
-    }
     print()
-    for name, ratio in ratios.items():
-        print(f"step-time ratio {name}: {ratio:.3f}  (target <= 1.0)")
+    # The minimum is the run least disturbed by other load on a shared machine; show both.
+    for ours_name, theirs in (("ours_sync", "torch_ddp"), ("ours_local_sgd", "torch_post_local_sgd")):
+        median_ratio = summary[ours_name]["median_step_ms"] / summary[theirs]["median_step_ms"]
+        min_ratio = summary[ours_name]["min_step_ms"] / summary[theirs]["min_step_ms"]
+        print(f"step-time ratio {ours_name} / {theirs}: median {median_ratio:.3f}, min {min_ratio:.3f}  (target <= 1.0)")
 
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
