@@ -64,10 +64,12 @@ def simulate_easgd(changes: dict, workers: int, steps: int, alpha: float, tau: i
 
 
 @pytest.mark.slow
-def test_easgd_equals_simulation_of_four_workers(tmp_path):
-    """alpha = 1/4, tau = 1, momentum 0.9: every replica and the centre (through its held-out loss) match."""
-    steps, alpha, tau = 12, 0.25, 1
-    changes = {"steps": steps, "eval_every": steps, "save_final_model": True, "optimizer": {"momentum": 0.9}}
+def test_easgd_equals_simulation_of_four_workers_and_reaches_accuracy(tmp_path):
+    """alpha = 1/4, tau = 1, momentum 0.9: every replica and the centre (through its held-out loss)
+    match the simulation after 60 steps. Measured held-out accuracy of the centre: 0.908 at step
+    60 (0.894 with the defaults alpha = 0.9/4, tau = 4); we ask for 0.85."""
+    steps, alpha, tau = 60, 0.25, 1
+    changes = {"steps": steps, "eval_every": 30, "save_final_model": True, "optimizer": {"momentum": 0.9}}
     out = run_training(tmp_path, 4, {**changes, "algorithm": {"name": "easgd", "params": {"alpha": alpha, "tau": tau}}})
     replicas, centre, runner_data = simulate_easgd(changes, 4, steps, alpha, tau, momentum=0.9)
     for rank, replica in enumerate(replicas):
@@ -80,5 +82,20 @@ def test_easgd_equals_simulation_of_four_workers(tmp_path):
             p.copy_(c)
     accuracy, loss = evaluate(centre_model, runner_data.data.test_x, runner_data.data.test_y, torch.device("cpu"))
     evaluated = records(out, 0, "eval")[-1]
+    assert evaluated["step"] == steps - 1
     assert evaluated["loss"] == pytest.approx(loss, abs=1e-5)
-    assert evaluated["accuracy"] == pytest.approx(accuracy, abs=1e-9)
+    assert evaluated["accuracy"] == pytest.approx(accuracy, abs=2e-3)  # one sample may flip on a near-tie
+    assert evaluated["accuracy"] >= 0.85
+
+
+@pytest.mark.slow
+def test_eawild_reaches_accuracy_with_one_server_and_three_workers(tmp_path):
+    """Defaults (alpha = 0.9/3, tau = 4), momentum 0.9. Measured: held-out accuracy of the centre
+    0.89 at step 60, 0.94 at step 100. Asynchronous, so not bit-reproducible; we ask for 0.85 at
+    step 100."""
+    out = run_training(tmp_path, 4, {"steps": 100, "eval_every": 50, "optimizer": {"momentum": 0.9}, "algorithm": {"name": "eawild"}})
+    evals = records(out, 0, "eval")
+    assert evals[-1]["step"] == 99 and evals[-1]["accuracy"] >= 0.85
+    for worker in (1, 2, 3):
+        exchanged = [r["step"] for r in records(out, worker, "step") if r["staleness"] is not None]
+        assert exchanged == list(range(0, 100, 4))  # one elastic exchange every tau steps

@@ -128,10 +128,10 @@ def test_equals_sync_on_four_ranks_and_reaches_accuracy(tmp_path):
     """Same math as sync, only scheduled differently: same final weights (1e-5) and losses.
 
     Measured (seed 3, MLP [32] on digits, batch 16 per rank, lr 0.1, momentum 0.9): held-out
-    accuracy 0.922 at step 60 for both; we ask for 0.88.
+    accuracy 0.875 at step 40 for both (0.922 at step 60); we ask for 0.83.
     """
     common = {
-        "steps": 60, "eval_every": 30, "save_final_model": True,
+        "steps": 40, "eval_every": 20, "save_final_model": True,
         "optimizer": {"momentum": 0.9, "weight_decay": 1e-4},
     }
     sync = run_training(tmp_path / "sync", 4, {**common, "algorithm": {"name": "sync"}})
@@ -146,4 +146,4 @@ def test_equals_sync_on_four_ranks_and_reaches_accuracy(tmp_path):
         assert difference < 1e-5, f"rank {rank}: p3 differs from sync by {difference}"
     assert [r["loss"] for r in records(p3, 0, "step")] == pytest.approx([r["loss"] for r in records(sync, 0, "step")], abs=1e-5)
     evals = records(p3, 0, "eval")
-    assert evals[-1]["step"] == 59 and evals[-1]["accuracy"] >= 0.88
+    assert evals[-1]["step"] == 39 and evals[-1]["accuracy"] >= 0.83
