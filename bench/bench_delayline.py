@@ -16,6 +16,9 @@ Definitions:
   "hop" errors subtract instead the excess of an intra-region pair (prober + one delay-line hop each
   way), i.e. they show what the configured delay adds beyond a zero-delay emulated path.
 - CPU: delay-line utime+stime over the transfer (/proc/<pid>/stat), per Gbit/s of goodput.
+- probes: emulator.delayline.probe, normal tasks, kernel arrival stamps with the server's hold time
+  subtracted (--probe-clock kernel), so a prober that waits for a busy CPU does not count as
+  emulator error; --probe-clock user --realtime-probes is the other way to get there.
 """
 
 from __future__ import annotations
@@ -167,16 +170,16 @@ def throughput_case(rate: str, rtt: str, seconds: int, omit: int, congestion: st
 
 
 def realtime_prefix(enabled: bool) -> list[str]:
-    """Run a prober as SCHED_FIFO: we measure the emulator, not how CFS treats a busy box's prober."""
+    """Run a prober as SCHED_FIFO (--realtime-probes), below the delay line's priority."""
     return ["chrt", "-f", str(PROBE_REALTIME_PRIORITY)] if enabled else []
 
 
-def run_probe(src, dst_address: str, count: int, interval_ms: float, realtime: bool) -> dict:
+def run_probe(src, dst_address: str, count: int, interval_ms: float, realtime: bool, clock: str) -> dict:
     out = subprocess.run(netns.exec_argv(src, [
-        *realtime_prefix(realtime), sys.executable, "-m", "emulator.delayline.probe", "client", "--host", dst_address,
-        "--port", str(PROBE_PORT), "--count", str(count), "--interval-ms", str(interval_ms),
-        "--size", str(PROBE_PAYLOAD_BYTES), "--json"]), capture_output=True, text=True, cwd=REPO,
-        timeout=120)
+        *realtime_prefix(realtime), sys.executable, "-m", "emulator.delayline.probe", "client",
+        "--host", dst_address, "--port", str(PROBE_PORT), "--count", str(count),
+        "--interval-ms", str(interval_ms), "--size", str(PROBE_PAYLOAD_BYTES), "--clock", clock,
+        "--json"]), capture_output=True, text=True, cwd=REPO, timeout=120)
     return json.loads(out.stdout)
 
 
@@ -192,7 +195,7 @@ LOADS = ("idle", "wan", "intra")
 
 
 def rtt_cases(topology_path: Path, count: int, interval_ms: float, load_kind: str,
-              realtime: bool) -> list[dict]:
+              realtime: bool, clock: str) -> list[dict]:
     """RTT error on every inter-region pair, idle or while one TCP flow saturates another pair.
 
     load_kind: "idle"; "wan": a flow between the first two regions (rate-capped by the link);
@@ -216,11 +219,11 @@ def rtt_cases(topology_path: Path, count: int, interval_ms: float, load_kind: st
             time.sleep(0.5)
             first = [n for n in plan.nodes if n.region == first_region]
             others = [n for n in plan.nodes if n.region != first_region]
-            loopback = run_probe(first[0], "127.0.0.1", count, interval_ms, realtime)
+            loopback = run_probe(first[0], "127.0.0.1", count, interval_ms, realtime, clock)
             rows.append({"case": "base: prober on loopback", "pair": "lo", "rtt_ms": 0.0,
                          "p50_ms": loopback["p50_ms"], "p99_ms": loopback["p99_ms"], "lost": loopback["lost"]})
             intra_expected = expected_rtt_ms(plan, first[0], first[-1])
-            intra = run_probe(first[0], first[-1].address, count, interval_ms, realtime)
+            intra = run_probe(first[0], first[-1].address, count, interval_ms, realtime, clock)
             rows.append({"case": "base: intra-region pair", "pair": f"{first[0].name}<->{first[-1].name}",
                          "rtt_ms": intra_expected, "p50_ms": intra["p50_ms"], "p99_ms": intra["p99_ms"],
                          "lost": intra["lost"]})
@@ -241,7 +244,7 @@ def rtt_cases(topology_path: Path, count: int, interval_ms: float, load_kind: st
                     if {src.name, dst.name} == load_pair:
                         continue
                     expected_ms = expected_rtt_ms(plan, src, dst)
-                    result = run_probe(src, dst.address, count, interval_ms, realtime)
+                    result = run_probe(src, dst.address, count, interval_ms, realtime, clock)
                     rows.append({
                         "case": f"rtt {load_kind}" if load_kind == "idle" else f"rtt, {load_kind} flow",
                         "pair": f"{src.name}<->{dst.name}", "rtt_ms": expected_ms,
@@ -297,8 +300,10 @@ def main(argv=None) -> int:
                         help="TCP congestion controls to run each flow with (iperf3 -C), comma-separated")
     parser.add_argument("--loads", default=",".join(LOADS),
                         help=f"RTT cases to run, comma-separated from {LOADS}")
-    parser.add_argument("--normal-probes", action="store_true",
-                        help="run the probers as normal tasks instead of SCHED_FIFO 5")
+    parser.add_argument("--realtime-probes", action="store_true",
+                        help="run the probers as SCHED_FIFO 5 instead of normal tasks")
+    parser.add_argument("--probe-clock", choices=("kernel", "user"), default="kernel",
+                        help="prober time stamps (see emulator/delayline/probe.py)")
     parser.add_argument("--topology", type=Path, default=REPO / "topologies" / "aws-4region.yaml")
     args = parser.parse_args(argv)
     unknown = set(args.loads.split(",")) - set(LOADS)
@@ -324,7 +329,11 @@ def main(argv=None) -> int:
     if not args.skip_rtt:
         count, interval_ms = (200, 5.0) if args.quick else (1000, 2.0)
         for load_kind in args.loads.split(","):
-            rtt_rows += rtt_cases(args.topology, count, interval_ms, load_kind, not args.normal_probes)
+            rows = rtt_cases(args.topology, count, interval_ms, load_kind, args.realtime_probes,
+                             args.probe_clock)
+            for row in rows:
+                row.update(probe_clock=args.probe_clock, realtime_probes=args.realtime_probes)
+            rtt_rows += rows
         print(f"\n{'case':<25} {'pair':<22} {'rtt_ms':>9} {'p50_ms':>9} {'p99_ms':>9} "
               f"{'p50_err':>8} {'p99_err':>8} {'p50_hop':>8} {'p99_hop':>8} lost   (err: vs loopback base; "
               f"hop: vs intra-region pair)")
