@@ -172,6 +172,51 @@ class Comm(ABC):
         """Receive into ``tensor`` from whichever rank sends first; blocks; returns the sender's rank."""
         return self._run("recv", 0, _nbytes(tensor), True, lambda: self._irecv_any(tensor)).wait()
 
+    def ring_all_reduce(self, tensor: torch.Tensor, op: ReduceOp = "sum") -> torch.Tensor:
+        """Reduce ``tensor`` over all ranks in place with a ring of isend/irecv; blocks; returns it.
+
+        Reduce-scatter then all-gather over n chunks: 2(n-1) steps, each sending one chunk to the
+        next rank and receiving one from the previous, so each rank sends 2(n-1)/n of the tensor,
+        as the ring model of ``all_reduce``. On a WAN this needs far fewer round trips than gloo's
+        all_reduce (measured: 100 MB between 2 ranks at 25 ms one-way, all_reduce 3.3 s, one
+        isend/irecv 0.76 s). Accounted as the isend/irecv operations it is made of.
+
+        Args:
+            tensor: contiguous tensor, the same shape on every rank.
+            op: sum | avg | max | min.
+        """
+        n = self.world_size
+        if n == 1:
+            return tensor
+        if not tensor.is_contiguous():
+            raise ValueError("ring_all_reduce: tensor must be contiguous")
+        flat = tensor.view(-1)
+        chunks = list(torch.tensor_split(flat, n))
+        right, left = (self.rank + 1) % n, (self.rank - 1) % n
+        combine = {"sum": torch.Tensor.add_, "avg": torch.Tensor.add_, "max": _max_, "min": _min_}[op]
+        scratch = torch.empty_like(chunks[0])
+        for step in range(n - 1):  # reduce-scatter: rank r ends owning the reduced chunk r+1
+            send_index, recv_index = (self.rank - step) % n, (self.rank - step - 1) % n
+            incoming = scratch[: chunks[recv_index].numel()]
+            self._exchange(chunks[send_index], right, incoming, left)
+            combine(chunks[recv_index], incoming)
+        for step in range(n - 1):  # all-gather: pass the reduced chunks around the ring
+            send_index, recv_index = (self.rank - step + 1) % n, (self.rank - step) % n
+            self._exchange(chunks[send_index], right, chunks[recv_index], left)
+        if op == "avg":
+            tensor.div_(n)
+        return tensor
+
+    def _exchange(self, send: torch.Tensor, dst: int, recv: torch.Tensor, src: int) -> None:
+        """Send ``send`` to ``dst`` while receiving ``recv`` from ``src``; skips empty chunks."""
+        works = []
+        if send.numel():
+            works.append(self.isend(send, dst))
+        if recv.numel():
+            works.append(self.irecv(recv, src))
+        for work in works:
+            work.wait()
+
     def barrier(self) -> None:
         """Block until every rank reached the barrier."""
         self._run("barrier", 0, 0, False, self._barrier)
@@ -228,6 +273,14 @@ class Comm(ABC):
         self.stats.bytes_sent += sent
         self.stats.bytes_recv += recv
         self.stats.blocked_s += blocked_s
+
+
+def _max_(target: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    return torch.maximum(target, other, out=target)
+
+
+def _min_(target: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    return torch.minimum(target, other, out=target)
 
 
 def _nbytes(tensor: torch.Tensor) -> int:

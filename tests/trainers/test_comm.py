@@ -59,3 +59,16 @@ def test_chained_work_counts_blocked_time_once():
     assert isinstance(work, Work)
     assert work.wait().tolist() == [2.0] * 4
     assert 0.05 <= comm.stats.blocked_s < 0.09
+
+
+@pytest.mark.slow
+def test_ring_all_reduce_equals_all_reduce_on_three_ranks(spawn_ranks, tmp_path):
+    from tests.trainers.workers import ring_worker
+
+    assert spawn_ranks(ring_worker, 3, str(tmp_path)) == [0, 0, 0]
+    for rank in range(3):
+        for row in json.loads((tmp_path / f"ring{rank}.json").read_text()):
+            assert row["max_error"] < 1e-5, row
+            if row["numel"] == 100_003:
+                # Two passes of n-1 = 2 chunks of about numel/3 floats each.
+                assert abs(row["ring_bytes"] - 4 * 100_003 * 4 / 3) <= 16, row

@@ -34,6 +34,7 @@ def base(**changes):
         ({"algorithm": {"name": "diloco", "params": {"outer_lr": 0}}}, "algorithm.params.outer_lr", "> 0.0"),
         ({"algorithm": {"name": "sync", "params": {"bucket_cap_mb": -2}}}, "algorithm.params.bucket_cap_mb", "> 0.0"),
         ({"algorithm": {"name": "allreduce"}}, "algorithm.name", "unknown algorithm"),
+        ({"algorithm": {"name": "local_sgd", "params": {"collective": "tree"}}}, "algorithm.params.collective", "one of"),
         ({"model": {"name": "mlp", "params": {"hidden_sizes": [0]}}}, "model.params.hidden_sizes[0]", ">= 1"),
         ({"model": {"name": "transformer"}}, "model.name", "takes tokens inputs"),
         ({"dataset": {"name": "synthetic", "params": {"n_classes": 1}}}, "dataset.params.n_classes", ">= 2"),
@@ -54,7 +55,9 @@ def test_missing_output_dir_is_named():
 
 def test_defaults_are_resolved_into_params():
     config = load_config(base(algorithm={"name": "diloco", "params": {"H": 5}}))
-    assert config.algorithm.params == {"H": 5, "outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True}
+    assert config.algorithm.params == {
+        "H": 5, "outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True, "collective": "allreduce",
+    }
     assert config.model.params == {"hidden_sizes": [64]}
 
 

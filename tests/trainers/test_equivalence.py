@@ -21,10 +21,18 @@ RUNS = {
     "dts_t0_p1_momentum": {**MOMENTUM, "algorithm": {"name": "dts", "params": {"t": 0, "p": 1}}},
     "sync_plain": {**PLAIN, "algorithm": {"name": "sync"}},
     "local_sgd_h1_plain": {**PLAIN, "algorithm": {"name": "local_sgd", "params": {"H": 1}}},
+    "local_sgd_h1_ring_plain": {**PLAIN, "algorithm": {"name": "local_sgd", "params": {"H": 1, "collective": "ring"}}},
     "local_sgd_h1_adamw": {**ADAMW, "algorithm": {"name": "local_sgd", "params": {"H": 1}}},
     "diloco_h1_adamw": {
         **ADAMW,
         "algorithm": {"name": "diloco", "params": {"H": 1, "outer_lr": 1.0, "outer_momentum": 0.0, "nesterov": False}},
+    },
+    "diloco_h1_ring_adamw": {
+        **ADAMW,
+        "algorithm": {
+            "name": "diloco",
+            "params": {"H": 1, "outer_lr": 1.0, "outer_momentum": 0.0, "nesterov": False, "collective": "ring"},
+        },
     },
     "dts_p2_t3_plain": {**PLAIN, "steps": 24, "eval_every": 24, "algorithm": {"name": "dts", "params": {"p": 2, "t": 3}}},
 }
@@ -71,15 +79,20 @@ def test_equals_sync_with_momentum(runs, name):
     assert ours == pytest.approx(theirs, abs=1e-5)
 
 
-def test_local_sgd_h1_equals_sync_for_plain_sgd(runs):
+@pytest.mark.parametrize("name", ["local_sgd_h1_plain", "local_sgd_h1_ring_plain"])
+def test_local_sgd_h1_equals_sync_for_plain_sgd(runs, name):
     for rank in range(2):
-        assert max_difference(final_state(runs["local_sgd_h1_plain"], rank), final_state(runs["sync_plain"], rank)) < 1e-6
+        assert max_difference(final_state(runs[name], rank), final_state(runs["sync_plain"], rank)) < 1e-6
+    if name.endswith("ring_plain"):  # the same bytes as the all-reduce, moved by isend/irecv
+        sent = [r["bytes_sent"] for r in records(runs[name], 0, "step")]
+        assert sent == [r["bytes_sent"] for r in records(runs["local_sgd_h1_plain"], 0, "step")]
 
 
-def test_diloco_with_h1_plain_outer_step_is_averaging_every_step(runs):
+@pytest.mark.parametrize("name", ["diloco_h1_adamw", "diloco_h1_ring_adamw"])
+def test_diloco_with_h1_plain_outer_step_is_averaging_every_step(runs, name):
     """outer_lr 1 without momentum: theta_g - 1 * mean(theta_g - theta_i) = mean(theta_i)."""
     for rank in range(2):
-        difference = max_difference(final_state(runs["diloco_h1_adamw"], rank), final_state(runs["local_sgd_h1_adamw"], rank))
+        difference = max_difference(final_state(runs[name], rank), final_state(runs["local_sgd_h1_adamw"], rank))
         assert difference < 1e-5
 
 

@@ -132,3 +132,26 @@ def run_configs_worker(rank: int, world_size: int, port: int, configs: list[dict
     for config, run_port in zip(configs, ports):
         os.environ["MASTER_PORT"] = str(run_port)
         run(load_config(config))
+
+
+def ring_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """ring_all_reduce against all_reduce for every op and awkward sizes; write both and the bytes."""
+    _init_env(rank, world_size, port)
+    from trainers.comm import TorchComm
+
+    comm = TorchComm("gloo", timeout_s=60)
+    results = []
+    generator = torch.Generator().manual_seed(rank)
+    for numel in (1, 2, 7, 1000, 100_003):
+        for op in ("sum", "avg", "max", "min"):
+            data = torch.randn(numel, generator=generator)
+            ring, reference = data.clone(), data.clone()
+            sent_before = comm.stats.bytes_sent
+            comm.ring_all_reduce(ring, op=op)
+            ring_bytes = comm.stats.bytes_sent - sent_before
+            comm.all_reduce(reference, op=op)
+            results.append({
+                "numel": numel, "op": op, "max_error": (ring - reference).abs().max().item(), "ring_bytes": ring_bytes,
+            })
+    comm.shutdown()
+    Path(out_dir, f"ring{rank}.json").write_text(json.dumps(results))

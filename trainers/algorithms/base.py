@@ -137,11 +137,20 @@ class Algorithm(ABC):
             self.comm.broadcast(flat, src=src)
             unflatten_into(flat, group)
 
-    def average_tensors(self, tensors: list[torch.Tensor]) -> None:
-        """Replace ``tensors`` on every rank by their mean over ranks, in one all_reduce per dtype."""
+    def average_tensors(self, tensors: list[torch.Tensor], collective: str = "allreduce") -> None:
+        """Replace ``tensors`` on every rank by their mean over ranks, one exchange per dtype.
+
+        Args:
+            tensors: floating-point tensors (others are skipped), same shapes on every rank.
+            collective: allreduce (backend all_reduce) | ring (Comm.ring_all_reduce over
+                isend/irecv: fewer round trips on a WAN).
+        """
         for group in _by_dtype(t for t in tensors if t.is_floating_point()):
             flat = flatten(group)
-            self.comm.all_reduce(flat, op="avg")
+            if collective == "ring":
+                self.comm.ring_all_reduce(flat, op="avg")
+            else:
+                self.comm.all_reduce(flat, op="avg")
             unflatten_into(flat, group)
 
     def averaged_copy(self) -> nn.Module:

@@ -27,6 +27,16 @@ def allreduce_hook(comm: Comm, flat: torch.Tensor) -> Work:
     return comm.all_reduce(flat, op="avg", async_op=True)
 
 
+def ring_allreduce_hook(comm: Comm, flat: torch.Tensor) -> Work:
+    """Average ``flat`` in place with :meth:`Comm.ring_all_reduce` (isend/irecv); blocks, then returns a done handle.
+
+    Fewer round trips than gloo's all_reduce on a WAN, but no overlap with backward.
+    """
+    comm.ring_all_reduce(flat, op="avg")
+    # The ring's own isend/irecv already accounted the blocked time.
+    return Work(comm, "all_reduce", lambda: flat, accounted=False)
+
+
 def fp16_compress_wrapper(hook: ExchangeHook) -> ExchangeHook:
     """Wrap ``hook`` so the exchanged payload is float16 (half the bytes); the result is written back.
 

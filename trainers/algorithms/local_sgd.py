@@ -8,29 +8,32 @@ Optimizer state (momentum) stays local, as torch's PeriodicModelAverager leaves 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Literal, Optional
 
 from torch import nn
 
 from trainers.algorithms.base import Algorithm, AlgorithmContext, StepResult
 from trainers.algorithms.hooks import ExchangeHook, allreduce_hook
 from trainers.algorithms.sync import GradientBucketer
-from trainers.config import require_float, require_int
+from trainers.config import require_choice, require_float, require_int
 
 
 @dataclass
 class LocalSGDParams:
     """Args: H: local steps between averages; warmup_steps: initial fully synchronous steps;
-    bucket_cap_mb: bucket size of the warm-up gradient all-reduce (MiB)."""
+    bucket_cap_mb: bucket size of the warm-up gradient all-reduce (MiB); collective: how the
+    parameters are averaged, allreduce (gloo/nccl) or ring (isend/irecv ring, fewer WAN round trips)."""
 
     H: int = 4
     warmup_steps: int = 0
     bucket_cap_mb: float = 25.0
+    collective: Literal["allreduce", "ring"] = "allreduce"
 
     def __post_init__(self) -> None:
         require_int("H", self.H, minimum=1)
         require_int("warmup_steps", self.warmup_steps, minimum=0)
         require_float("bucket_cap_mb", self.bucket_cap_mb, minimum=0.0, min_exclusive=True)
+        require_choice("collective", self.collective, ("allreduce", "ring"))
 
 
 @dataclass
@@ -78,7 +81,7 @@ class LocalSGD(Algorithm):
 
     def average_model(self) -> None:
         """Replace the parameters by their mean over ranks (subclasses may exchange differently)."""
-        self.average_tensors(list(self.model.parameters()))
+        self.average_tensors(list(self.model.parameters()), self.params.collective)
 
     def deployable_model(self) -> nn.Module:
         """The mean of the replicas now (one all_reduce; replicas are equal right after averaging)."""
