@@ -309,12 +309,16 @@ def topology_from_dict(data: dict, source: str = "<topology>") -> Topology:
     names = list(doc.regions)
     for a in names:
         for b in names:
+            if a != b and (a, b) not in links and (b, a) not in links and doc.defaults.one_way_ms() is not None:
+                # `defaults` with a delay describes every pair no link entry mentions
+                links[(a, b)] = _resolve(_LinkFields(), doc.defaults, _BUILTIN_DEFAULTS, f"{a}->{b}")
             if a != b and (a, b) not in links:
                 if (b, a) in links:
                     message = (f"link {a}->{b} missing: {b}->{a} is given one-way, so the matrix is "
                                f"asymmetric and needs both directions (or use between: [{a}, {b}])")
                 else:
-                    message = f"no link between {a} and {b}: every pair of regions needs one"
+                    message = (f"no link between {a} and {b}: every pair of regions needs one "
+                               f"(or give defaults a delay or rtt for all pairs)")
                 raise ConfigError(source, "links", message)
 
     intra_base = dict(rate_bit_s=_BUILTIN_INTRA.rate_bit_s, jitter_ms=0.0, loss_fraction=0.0, queue_bytes=None)

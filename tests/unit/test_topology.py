@@ -131,3 +131,11 @@ def test_sweep_scaling(write_yaml):
     assert scaled.link("a", "b").one_way_delay_ms == pytest.approx(30.0)
     assert scaled.link("a", "b").rate_bit_s == 1e6
     assert scaled.link("b", "b") == topo.link("b", "b")  # intra-region untouched
+
+
+def test_defaults_with_a_delay_cover_unlisted_pairs(write_yaml):
+    path = write_yaml("name: c\nregions: {a: {}, b: {}, c: {}}\ndefaults: {rtt: 2ms, rate: 50Mbit}\n"
+                      "links: [{between: [a, b], rtt: 10ms}]\n")
+    topo = load_topology(path)
+    assert topo.link("a", "b").one_way_delay_ms == 5.0
+    assert topo.link("c", "a").one_way_delay_ms == 1.0 and topo.link("b", "c").rate_bit_s == 50e6
