@@ -311,7 +311,8 @@ def topology_from_dict(data: dict, source: str = "<topology>") -> Topology:
         for b in names:
             if a != b and (a, b) not in links and (b, a) not in links and doc.defaults.one_way_ms() is not None:
                 # `defaults` with a delay describes every pair no link entry mentions
-                links[(a, b)] = _resolve(_LinkFields(), doc.defaults, _BUILTIN_DEFAULTS, f"{a}->{b}")
+                for pair in ((a, b), (b, a)):
+                    links[pair] = _resolve(_LinkFields(), doc.defaults, _BUILTIN_DEFAULTS, f"{pair[0]}->{pair[1]}")
             if a != b and (a, b) not in links:
                 if (b, a) in links:
                     message = (f"link {a}->{b} missing: {b}->{a} is given one-way, so the matrix is "
