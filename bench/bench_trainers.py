@@ -13,6 +13,12 @@ results/bench/. Ranks run on 127.0.0.1 with gloo (run it inside emulated WAN nod
 
     .venv/bin/python bench/bench_trainers.py                       # defaults below
     .venv/bin/python bench/bench_trainers.py --world-size 4 --repeats 7 --hidden 2048 2048
+
+`--collectives` instead times one rank of gloo all_reduce vs Comm.ring_all_reduce per payload
+size; start it once per node with the torchrun variables set (e.g. inside emulated WAN nodes):
+
+    wanbench exec east-0 -- env RANK=0 WORLD_SIZE=2 MASTER_ADDR=<east-0> MASTER_PORT=29611 \
+        GLOO_SOCKET_IFNAME=<node interface> .venv/bin/python bench/bench_trainers.py --collectives
 """
 
 from __future__ import annotations
@@ -52,7 +58,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--bucket-cap-mb", type=float, default=25.0, help="bucket size for sync and DDP (MiB)")
     parser.add_argument("--H", type=int, default=8, help="local steps between averages (local SGD)")
     parser.add_argument("--out", default=str(REPO / "results" / "bench"), help="CSV directory")
+    parser.add_argument("--collectives", action="store_true", help="time all_reduce vs ring_all_reduce as one rank (env: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 10_000_000, 100_000_000], help="payload sizes for --collectives (bytes)")
     args = parser.parse_args(argv)
+    if args.collectives:
+        return args
     if args.world_size < 2:
         parser.error("--world-size: must be >= 2")
     if args.steps % args.H:
@@ -186,8 +196,39 @@ def environment() -> dict:
     }
 
 
+def collectives_main(args: argparse.Namespace) -> int:
+    """One rank: median time of all_reduce and ring_all_reduce per size; rank 0 prints the table."""
+    from trainers.comm import TorchComm
+
+    torch.set_num_threads(args.threads)
+    comm = TorchComm("gloo", timeout_s=600)
+    rows = []
+    for nbytes in args.sizes:
+        tensor = torch.ones(max(1, nbytes // 4))
+        times = {"all_reduce": [], "ring_all_reduce": []}
+        for _ in range(args.repeats):
+            for method in times:  # alternate so drift in the network hits both alike
+                comm.barrier()
+                start = time.perf_counter()
+                if method == "all_reduce":
+                    comm.all_reduce(tensor, op="avg")
+                else:
+                    comm.ring_all_reduce(tensor, op="avg")
+                times[method].append(time.perf_counter() - start)
+        rows.append((nbytes, statistics.median(times["all_reduce"]), statistics.median(times["ring_all_reduce"])))
+    if comm.rank == 0:
+        print(json.dumps({**environment(), "world_size": comm.world_size, "repeats": args.repeats}))
+        print(f"{'bytes':>12}{'all_reduce s':>14}{'ring s':>10}{'ratio':>8}")
+        for nbytes, gloo_s, ring_s in rows:
+            print(f"{nbytes:>12,}{gloo_s:>14.3f}{ring_s:>10.3f}{ring_s / gloo_s:>8.2f}")
+    comm.shutdown()
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.collectives:
+        return collectives_main(args)
     from trainers.launch import free_port
 
     env = environment()
