@@ -216,6 +216,12 @@ def cmd_run(args) -> int:
 
     table = pd.read_csv(run_dir / "summary.csv")
     stdout_console().print(summary_table(table, f"{scenario.name}: {run_dir}"))
+    from .report import write_report
+
+    outcome = write_report([run_dir], run_dir / "report")
+    progress = [f for f in outcome.figures if f.suffix == ".png"]
+    _console().print(f"report: {outcome.markdown}; figures: {', '.join(str(f) for f in progress[:3])}"
+                     + (" ..." if len(progress) > 3 else ""))
     return 0
 
 

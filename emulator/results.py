@@ -64,7 +64,13 @@ def load_run(run_dir) -> RunFrames:
                      "reason": info.get("reason", "")})
         for rank_file in sorted(job_dir.glob("rank*.jsonl")):
             records = _read_jsonl(rank_file)
-            start = next((r["time_s"] for r in records if r.get("kind") == "start"), 0.0)
+            # Time zero is when this rank began its first step: process start-up (importing torch,
+            # loading data, the rendezvous) is the same for every algorithm and is not training.
+            first = next((r for r in records if r.get("kind") == "step"), None)
+            if first is not None:
+                start = first["time_s"] - (first.get("step_s") or 0.0)
+            else:
+                start = next((r["time_s"] for r in records if r.get("kind") == "start"), 0.0)
             for record in records:
                 kind = record.get("kind")
                 row = {**base, **record, "train_time_s": record.get("time_s", 0.0) - start}

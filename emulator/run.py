@@ -179,6 +179,9 @@ def launch_job(plan: Plan, job: Job, job_dir: Path, master_port: int, timeout_s:
                "LOCAL_RANK": "0", "MASTER_ADDR": master.address, "MASTER_PORT": str(master_port),
                "WANBENCH_NODE": node.name, "WANBENCH_OUTPUT_DIR": str(job_dir),
                "WANBENCH_RESTARTS": str(restarts),
+               # one intra-op thread per node unless the user says otherwise: N nodes share the
+               # machine's cores, and torch's default (all cores each) oversubscribes them
+               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world))),
                "PYTHONPATH": str(PROJECT_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         log = open(job_dir / f"rank{node.rank}.log", "a")
         logs.append(log)
