@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/wanbench verify topologies/aws-4region.yaml "$@"
+exec .venv/bin/wanbench run scenarios/quickstart.yaml "$@"
