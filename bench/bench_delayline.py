@@ -16,9 +16,10 @@ Definitions:
   "hop" errors subtract instead the excess of an intra-region pair (prober + one delay-line hop each
   way), i.e. they show what the configured delay adds beyond a zero-delay emulated path.
 - CPU: delay-line utime+stime over the transfer (/proc/<pid>/stat), per Gbit/s of goodput.
-- probes: emulator.delayline.probe, normal tasks, kernel arrival stamps with the server's hold time
-  subtracted (--probe-clock kernel), so a prober that waits for a busy CPU does not count as
-  emulator error; --probe-clock user --realtime-probes is the other way to get there.
+- probes: emulator.delayline.probe with kernel transmit/arrival stamps and the server's hold time
+  subtracted (--probe-clock kernel), run as SCHED_FIFO 5 (below the delay line's 10; opt out with
+  --normal-probes) so that, on a machine whose cores other jobs saturate, a prober waiting for a
+  CPU does not count as emulator error.
 """
 
 from __future__ import annotations
@@ -170,7 +171,7 @@ def throughput_case(rate: str, rtt: str, seconds: int, omit: int, congestion: st
 
 
 def realtime_prefix(enabled: bool) -> list[str]:
-    """Run a prober as SCHED_FIFO (--realtime-probes), below the delay line's priority."""
+    """Run a prober as SCHED_FIFO, below the delay line's priority (unless --normal-probes)."""
     return ["chrt", "-f", str(PROBE_REALTIME_PRIORITY)] if enabled else []
 
 
@@ -300,8 +301,8 @@ def main(argv=None) -> int:
                         help="TCP congestion controls to run each flow with (iperf3 -C), comma-separated")
     parser.add_argument("--loads", default=",".join(LOADS),
                         help=f"RTT cases to run, comma-separated from {LOADS}")
-    parser.add_argument("--realtime-probes", action="store_true",
-                        help="run the probers as SCHED_FIFO 5 instead of normal tasks")
+    parser.add_argument("--normal-probes", action="store_true",
+                        help="run the probers as normal tasks instead of SCHED_FIFO 5")
     parser.add_argument("--probe-clock", choices=("kernel", "user"), default="kernel",
                         help="prober time stamps (see emulator/delayline/probe.py)")
     parser.add_argument("--topology", type=Path, default=REPO / "topologies" / "aws-4region.yaml")
@@ -329,10 +330,10 @@ def main(argv=None) -> int:
     if not args.skip_rtt:
         count, interval_ms = (200, 5.0) if args.quick else (1000, 2.0)
         for load_kind in args.loads.split(","):
-            rows = rtt_cases(args.topology, count, interval_ms, load_kind, args.realtime_probes,
+            rows = rtt_cases(args.topology, count, interval_ms, load_kind, not args.normal_probes,
                              args.probe_clock)
             for row in rows:
-                row.update(probe_clock=args.probe_clock, realtime_probes=args.realtime_probes)
+                row.update(probe_clock=args.probe_clock, realtime_probes=not args.normal_probes)
             rtt_rows += rows
         print(f"\n{'case':<25} {'pair':<22} {'rtt_ms':>9} {'p50_ms':>9} {'p99_ms':>9} "
               f"{'p50_err':>8} {'p99_err':>8} {'p50_hop':>8} {'p99_hop':>8} lost   (err: vs loopback base; "
