@@ -231,4 +231,11 @@ class ParameterServerAlgorithm(Algorithm):
         self._pending.append((self.comm.isend(tensor, dst), tensor))
 
     def _prune(self) -> None:
-        self._pending = [(work, tensor) for work, tensor in self._pending if not work.is_completed()]
+        """Drop finished sends; waiting on them (no blocking now) raises if one failed."""
+        still_running = []
+        for work, tensor in self._pending:
+            if work.is_completed():
+                work.wait()
+            else:
+                still_running.append((work, tensor))
+        self._pending = still_running
