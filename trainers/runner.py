@@ -6,6 +6,7 @@ MASTER_ADDR, MASTER_PORT, LOCAL_RANK). Without them the run is a single process 
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import socket
@@ -21,6 +22,7 @@ from trainers.algorithms import AlgorithmContext, get_algorithm
 from trainers.comm import TorchComm
 from trainers.config import Config, from_dict, to_dict
 from trainers.datasets import BatchSampler, load_dataset, shard_indices
+from trainers.launch import free_port
 from trainers.models import build_model
 from trainers.records import RecordWriter
 from trainers.training import evaluate, loss_fn, lr_at
@@ -35,17 +37,11 @@ class RunResult:
     final_accuracy: Optional[float]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def ensure_single_process_env(env: MutableMapping[str, str]) -> None:
     """Fill in a world of one (rank 0, loopback rendezvous) when no launcher set the variables."""
     if "WORLD_SIZE" not in env and "RANK" not in env:
         env.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"})
-        env.setdefault("MASTER_PORT", str(_free_port()))
+        env.setdefault("MASTER_PORT", str(free_port()))
 
 
 def run(config: Config) -> RunResult:
@@ -58,8 +54,6 @@ def run(config: Config) -> RunResult:
     comm = None
     try:
         if rank == 0:
-            import json
-
             (output_dir / "config.json").write_text(json.dumps(to_dict(config), indent=2) + "\n")
         device = _device(config)
         comm = TorchComm(config.comm.backend, config.comm.timeout_s, device)

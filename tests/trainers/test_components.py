@@ -2,8 +2,6 @@
 
 import gzip
 import math
-import os
-import shutil
 from pathlib import Path
 
 import pytest

@@ -17,6 +17,7 @@ PLAIN = {"save_final_model": True, "steps": 25}
 ADAMW = {"save_final_model": True, "steps": 12, "lr": 0.01, "optimizer": {"name": "adamw", "weight_decay": 0.01}}
 RUNS = {
     "sync_momentum": {**MOMENTUM, "algorithm": {"name": "sync"}},
+    "sync_momentum_again": {**MOMENTUM, "algorithm": {"name": "sync"}},
     "ddp_momentum": {**MOMENTUM, "algorithm": {"name": "ddp"}},
     "dts_t0_p1_momentum": {**MOMENTUM, "algorithm": {"name": "dts", "params": {"t": 0, "p": 1}}},
     "sync_plain": {**PLAIN, "algorithm": {"name": "sync"}},
@@ -67,6 +68,15 @@ def test_sync_equals_single_process_on_the_union_batch(spawn_ranks, tmp_path):
             trained = torch.load(tmp_path / f"sync_{cap}_{rank}.pt")
             assert max_difference(trained, reference.state_dict()) < 1e-5, f"bucket_cap_mb={cap} rank {rank}"
             assert json.loads((tmp_path / f"buckets_{cap}_{rank}.json").read_text()) == expected_buckets
+
+
+def test_same_seed_same_run(runs):
+    """Seeds fix init, shards and batch order: a repeated run reproduces every loss and weight."""
+    for rank in range(2):
+        assert [r["loss"] for r in records(runs["sync_momentum_again"], rank, "step")] == [
+            r["loss"] for r in records(runs["sync_momentum"], rank, "step")
+        ]
+        assert max_difference(final_state(runs["sync_momentum_again"], rank), final_state(runs["sync_momentum"], rank)) == 0.0
 
 
 @pytest.mark.parametrize("name", ["ddp_momentum", "dts_t0_p1_momentum"])
