@@ -8,6 +8,7 @@ another process. The TUN devices are not persistent: if the delay line dies, the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import select
@@ -23,6 +24,7 @@ from .base import Backend, BackendUnavailable, clear_state, read_state, register
 
 READY_TIMEOUT_S = 30.0     # opening devices takes ~10 ms per node; python start-up dominates
 STOP_TIMEOUT_S = 5.0       # SIGTERM, then SIGKILL after this long
+LINK_CHANGE_TIMEOUT_S = 5.0  # the loop applies changes within one counters interval (1 s)
 LOG_TAIL_BYTES = 4000
 DELAYLINE_MODULE = "emulator.delayline"
 # The repository root, so that `-m emulator.delayline` resolves even when the caller's cwd differs.
@@ -201,6 +203,43 @@ class TunBackend(Backend):
         netns.remove_nodes(self.plan)
         clear_state(self.plan.prefix)
         (self.folder / "delayline-plan.json").unlink(missing_ok=True)
+        for name in ("links.json", "links.json.applied", "links.json.tmp"):
+            (self.folder / name).unlink(missing_ok=True)
+
+    @property
+    def links_path(self) -> Path:
+        return self.folder / "links.json"
+
+    def set_link(self, src_region: str, dst_region: str, spec) -> None:
+        """Change a region pair's links in the running delay line; returns once they are in force."""
+        state = read_state(self.plan.prefix)
+        pid = (state[0] if state else {}).get("delayline_pid")
+        if pid is None:
+            raise RuntimeError("no delay line is running for this network")
+        try:
+            data = json.loads(self.links_path.read_text())
+        except (OSError, ValueError):
+            data = {"sequence": 0, "links": []}
+        links = [c for c in data["links"] if (c["src_region"], c["dst_region"]) != (src_region, dst_region)]
+        if spec != self.plan.region_links[(src_region, dst_region)]:
+            links.append({"src_region": src_region, "dst_region": dst_region,
+                          "spec": None if spec is None else dataclasses.asdict(spec)})
+        sequence = data["sequence"] + 1
+        tmp = self.links_path.with_name("links.json.tmp")
+        tmp.write_text(json.dumps({"sequence": sequence, "links": links}))
+        tmp.replace(self.links_path)
+        os.kill(int(pid), signal.SIGHUP)
+        applied = self.links_path.with_name("links.json.applied")
+        deadline = time.monotonic() + LINK_CHANGE_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                if int(applied.read_text() or 0) >= sequence:
+                    return
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.01)
+        raise RuntimeError(f"the delay line did not apply link change {sequence} within "
+                           f"{LINK_CHANGE_TIMEOUT_S:.0f} s; log {self.log_path}")
 
     def counters(self) -> list[dict]:
         """Per-pair counters from the delay line's last write (about once a second)."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import json
+from dataclasses import replace
 import os
 import select
 import signal
@@ -172,7 +173,8 @@ class DelayLine:
                  jitter_distribution: str = "uniform", early_wake_us: float = DEFAULT_EARLY_WAKE_US,
                  read_batch: int = DEFAULT_READ_BATCH,
                  counters_interval_s: float = DEFAULT_COUNTERS_INTERVAL_S,
-                 realtime_priority: int = DEFAULT_REALTIME_PRIORITY, log: TextIO = sys.stderr):
+                 realtime_priority: int = DEFAULT_REALTIME_PRIORITY, log: TextIO = sys.stderr,
+                 links_path: Optional[Path] = None):
         if early_wake_us < 0:
             raise ValueError(f"early_wake_us must be >= 0, got {early_wake_us}")
         if read_batch < 1:
@@ -202,6 +204,8 @@ class DelayLine:
         self.started_ns = time.monotonic_ns()
         self._stop = False
         self._dump_now = False
+        self.links_path = links_path
+        self._reload_links = False
 
     def open_devices(self) -> None:
         """Create every node's TUN device (in node order) and keep the fds."""
@@ -280,6 +284,42 @@ class DelayLine:
     def request_dump(self, *_args) -> None:
         self._dump_now = True
 
+    def request_link_reload(self, *_args) -> None:
+        self._reload_links = True
+
+    def apply_links_file(self) -> None:
+        """Apply the link changes in `links_path` (fault injection), then acknowledge them.
+
+        The file holds {"sequence": n, "links": [{"src_region", "dst_region", "spec": {...} | null}]}
+        with every change in force (null: the link is down, every packet dropped). Pairs the file
+        does not name keep the plan's spec. The acknowledgement is `<links_path>.applied`, holding
+        the sequence number, written once the changes are in force.
+        """
+        self._reload_links = False
+        if self.links_path is None:
+            return
+        try:
+            data = json.loads(self.links_path.read_text())
+        except (OSError, ValueError) as exc:
+            print(f"delayline: WARNING could not read {self.links_path}: {exc}", file=self.log, flush=True)
+            return
+        changes = {(c["src_region"], c["dst_region"]): c["spec"] for c in data.get("links", [])}
+        nodes = self.plan.nodes
+        for key, link in self.scheduler.pairs.items():
+            src, dst = divmod(key, self.node_count)
+            base = self.plan.link(nodes[src], nodes[dst])
+            change = changes.get((nodes[src].region, nodes[dst].region), "keep")
+            if change == "keep":
+                spec = base
+            elif change is None:
+                spec = replace(base, loss_fraction=1.0)
+            else:
+                spec = replace(base, **{k: v for k, v in change.items() if k != "queue_bytes"})
+            if spec != link.spec:
+                link.set_spec(spec)
+        write_text_atomically(self.links_path.with_name(self.links_path.name + ".applied"),
+                              str(data.get("sequence", 0)))
+
     # The loop -------------------------------------------------------------------------------------
     def run(self, on_ready: Callable[[], None] = lambda: None) -> None:
         """Move packets until SIGTERM/SIGINT (or request_stop); call `on_ready` once devices are up."""
@@ -297,7 +337,7 @@ class DelayLine:
         previous_wakeup = signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
         handlers = {sig: signal.signal(sig, handler) for sig, handler in (
             (signal.SIGTERM, self.request_stop), (signal.SIGINT, self.request_stop),
-            (signal.SIGUSR1, self.request_dump))}
+            (signal.SIGUSR1, self.request_dump), (signal.SIGHUP, self.request_link_reload))}
         poller = select.epoll()
         writer = CountersWriter(self, self.counters_path) if self.counters_path is not None else None
         previous_switch_interval = sys.getswitchinterval()
@@ -432,6 +472,8 @@ class DelayLine:
             elif self._dump_now and writer is not None:
                 writer.request(self.counters_header())
             self._dump_now = False
+            if self._reload_links:
+                self.apply_links_file()
             if events:
                 continue  # more may be waiting; sleep only when the devices are drained
             # 4. Sleep until shortly before the next delivery (or the next interval), then poll.
@@ -447,6 +489,8 @@ def run_from_plan_file(plan_path: Path, counters_path: Optional[Path], ready: Ca
                        **options) -> None:
     """Load a plan saved with Plan.to_json and run the delay line for it until signalled."""
     plan = Plan.from_json(Path(plan_path).read_text())
+    if counters_path is not None and "links_path" not in options:
+        options["links_path"] = Path(counters_path).with_name("links.json")
     line = DelayLine(plan, counters_path=counters_path, **options)
     try:
         line.open_devices()

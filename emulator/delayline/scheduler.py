@@ -41,12 +41,7 @@ class PairLink:
     def __init__(self, spec: LinkSpec):
         if spec.queue_bytes is None:
             raise ValueError("spec.queue_bytes is None: resolve queues with make_plan first")
-        self.spec = spec
-        self.ns_per_byte = 8.0 * NS_PER_S / spec.rate_bit_s
-        self.delay_ns = spec.one_way_delay_ms * NS_PER_MS
-        self.jitter_ns = spec.jitter_ms * NS_PER_MS
-        self.queue_limit_bytes = spec.queue_bytes
-        self.loss_fraction = spec.loss_fraction
+        self.set_spec(spec)
         self.busy_until_ns = 0.0      # when the serializer has sent everything accepted so far
         self.last_delivery_ns = 0.0   # FIFO floor for the next delivery on this pair
         self.packets = 0              # accepted onto the link
@@ -55,6 +50,17 @@ class PairLink:
         self.drops_loss = 0
         self.dropped_bytes = 0
         self.peak_backlog_bytes = 0
+
+    def set_spec(self, spec: LinkSpec) -> None:
+        """Take new link parameters (fault injection); packets already accepted keep their times."""
+        if spec.queue_bytes is None:
+            raise ValueError("spec.queue_bytes is None: resolve queues with make_plan first")
+        self.spec = spec
+        self.ns_per_byte = 8.0 * NS_PER_S / spec.rate_bit_s
+        self.delay_ns = spec.one_way_delay_ms * NS_PER_MS
+        self.jitter_ns = spec.jitter_ms * NS_PER_MS
+        self.queue_limit_bytes = spec.queue_bytes
+        self.loss_fraction = spec.loss_fraction
 
     def backlog_bytes(self, now_ns: float) -> float:
         """Bytes accepted but not yet serialized at `now_ns` (ns)."""

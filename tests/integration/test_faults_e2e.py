@@ -60,3 +60,46 @@ def test_straggler_gets_and_loses_its_cpu_limit(test_prefix, write_yaml, tmp_pat
     from emulator import cgroups
 
     assert not cgroups.group_path(test_prefix, "a-0").exists()  # removed after the job
+
+
+def test_link_changes_take_effect_on_the_tun_delay_line(test_prefix, write_yaml):
+    """A partition drops everything, a delay change moves the RTT, and link_up restores the plan."""
+    import dataclasses
+
+    from emulator.backends.tun import TunBackend
+    from emulator.netns import exec_argv
+    from emulator.plan import make_plan
+    from emulator.topology import load_topology
+
+    topo = load_topology(write_yaml(textwrap.dedent("""
+        name: lk
+        address_pool: 10.235.0.0/24
+        regions: {a: {nodes: 1}, b: {nodes: 1}}
+        links: [{between: [a, b], rtt: 10ms, rate: 100Mbit}]
+    """)))
+    plan = make_plan(topo)
+    backend = TunBackend(plan)
+    a, b = plan.node("a-0"), plan.node("b-0")
+
+    def ping(count=5):
+        out = subprocess.run(exec_argv(a, ["ping", "-c", str(count), "-i", "0.05", "-W", "1", b.address]),
+                             capture_output=True, text=True).stdout
+        return [float(p.split("=")[1]) for line in out.splitlines() for p in line.split() if p.startswith("time=")]
+
+    backend.up()
+    try:
+        assert all(9.5 < rtt < 15 for rtt in ping()), ping()
+        backend.set_link("a", "b", None)
+        assert ping(3) == []                      # partitioned
+        backend.set_link("a", "b", dataclasses.replace(plan.region_links[("a", "b")], one_way_delay_ms=45.0))
+        rtts = ping()
+        assert rtts and all(49.5 < rtt < 56 for rtt in rtts), rtts  # 45 ms there + 5 ms back
+        backend.set_link("a", "b", plan.region_links[("a", "b")])
+        assert all(9.5 < rtt < 15 for rtt in ping()), ping()
+        import time
+
+        time.sleep(1.5)  # the counters file is rewritten every second
+        drops = {(c["src"], c["dst"]): c["drops_loss"] for c in backend.counters()}
+        assert drops[("a-0", "b-0")] >= 3 and drops[("b-0", "a-0")] == 0  # the partition's pings
+    finally:
+        backend.down()
