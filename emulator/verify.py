@@ -9,6 +9,7 @@ namespaces, and ended by PID.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -32,7 +33,10 @@ class VerifyOptions:
 
 
 def _probe_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "emulator.delayline.probe", *args]
+    # Real-time priority 5 (below the delay line's 10): a prober waiting for a busy CPU would
+    # otherwise count its own scheduling delay as network delay (p99 1-10 ms on 2 busy cores).
+    chrt = ["chrt", "-f", "5"] if shutil.which("chrt") else []
+    return [*chrt, sys.executable, "-m", "emulator.delayline.probe", *args]
 
 
 def _stop(proc: subprocess.Popen) -> None:

@@ -137,8 +137,10 @@ class Scheduler:
         delivery = departure + link.delay_ns
         if link.jitter_ns:
             delivery += self._jitter(link.jitter_ns)
-            if delivery < link.last_delivery_ns:
-                delivery = link.last_delivery_ns  # no reordering within a pair
+        if delivery < link.last_delivery_ns:
+            # No reordering within a pair: jitter, or a delay lowered by set_spec while packets
+            # with the old delay are still in flight.
+            delivery = link.last_delivery_ns
         link.last_delivery_ns = delivery
         link.packets += 1
         link.bytes += wire_bytes

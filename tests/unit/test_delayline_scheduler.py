@@ -173,3 +173,19 @@ def test_gso_frame_is_charged_per_segment_headers():
     frame = _frame(10 * 1448 + 100, gso_type=VNET_GSO_TCPV4, gso_size=1448)
     # 11 segments on the wire: the 52 bytes of IP+TCP headers appear 11 times.
     assert wire_bytes(frame) == 10 * 1448 + 100 + 11 * 52
+
+
+def test_lowering_the_delay_in_flight_never_reorders():
+    from dataclasses import replace
+
+    from emulator.delayline.scheduler import Scheduler
+    from emulator.topology import LinkSpec
+
+    spec = LinkSpec(one_way_delay_ms=100.0, rate_bit_s=1e9, queue_bytes=10**6)
+    scheduler = Scheduler()
+    link = scheduler.add_pair("ab", spec)
+    assert scheduler.offer("ab", "first", "b", 1500, now_ns=0)
+    link.set_spec(replace(spec, one_way_delay_ms=10.0))
+    assert scheduler.offer("ab", "second", "b", 1500, now_ns=1_000_000)
+    order = [packet for _, _, packet in scheduler.pop_due(10**12)]
+    assert order == ["first", "second"]
