@@ -127,6 +127,9 @@ def _train(config: Config, comm: TorchComm, writer: RecordWriter, device: torch.
         sent_0, recv_0, blocked_0 = comm.stats.snapshot()
         step_start = time.perf_counter()
         result = algorithm.train_step(step, batch)
+        last = step == config.steps - 1
+        if last:
+            algorithm.finish()  # draining in-flight communication belongs to the last step
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # so step_s includes the GPU work launched this step
         step_s = time.perf_counter() - step_start
@@ -149,10 +152,7 @@ def _train(config: Config, comm: TorchComm, writer: RecordWriter, device: torch.
             bytes_recv_total=bytes_recv_total,
             staleness=result.staleness,
         )
-        last = step == config.steps - 1
         if (step + 1) % config.eval_every == 0 or last:
-            if last:
-                algorithm.finish()
             final_accuracy, stop = _evaluate_and_decide(config, algorithm, comm, writer, data, device, step, start)
             if stop is not None:
                 stop_reason = stop
