@@ -11,9 +11,12 @@ import json
 import os
 import re
 from dataclasses import asdict, dataclass, field, replace
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-from .topology import LinkSpec, Topology
+from .linkspec import LinkSpec
+
+if TYPE_CHECKING:  # plan.py is imported by the delay line, which must not pay for pydantic
+    from .topology import Topology
 
 # Everything we create on the system carries this prefix (namespaces, links, cgroups, run files).
 # Tests and parallel CI jobs may pick their own with WANBENCH_PREFIX so they never touch each other.

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Optional
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .linkspec import LinkSpec
 from .schema import ConfigError, config_error_from_pydantic, load_yaml_mapping
 from .units import UnitError, parse_fraction, parse_rate_bit_s, parse_size_bytes, parse_time_ms
 
@@ -29,21 +30,6 @@ MAX_NODES_TOTAL = 4096
 MAX_REGIONS = 64
 DEFAULT_ADDRESS_POOL = "10.201.0.0/16"
 REGION_NAME_PATTERN = r"^[a-z][a-z0-9]{0,14}$"
-
-
-@dataclass(frozen=True)
-class LinkSpec:
-    """One direction of a link between two nodes: what the emulator must reproduce."""
-
-    one_way_delay_ms: float
-    rate_bit_s: float
-    jitter_ms: float = 0.0
-    loss_fraction: float = 0.0
-    queue_bytes: Optional[int] = None  # None: sized from the bandwidth-delay product by the plan
-
-    @property
-    def rtt_contribution_ms(self) -> float:
-        return self.one_way_delay_ms
 
 
 def _bounded(value: float, low: float, high: float, what: str, shown: str) -> float:

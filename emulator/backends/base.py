@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import ClassVar, Optional, Type
 
 from ..plan import Plan
-from ..topology import LinkSpec
+from ..linkspec import LinkSpec
 
 STATE_ROOT = Path(os.environ.get("WANBENCH_STATE_DIR", "/run/wanbench"))
 

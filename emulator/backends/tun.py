@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 from .. import netns
 from ..plan import Plan
@@ -131,8 +132,8 @@ class TunBackend(Backend):
         netns.check_address_pool_free(self.plan.address_pool)
         pid = None
         try:
-            netns.create_nodes(self.plan)
-            pid = self._start_delayline()
+            # The delay line starts (imports, ~0.2-1 s) while the namespaces are being created.
+            pid = self._start_delayline(lambda: netns.create_nodes(self.plan))
             self.write_state(delayline_pid=pid, counters=str(self.counters_path),
                              log=str(self.log_path), started_unix_s=round(time.time(), 3))
         except BaseException:
@@ -142,24 +143,35 @@ class TunBackend(Backend):
             clear_state(self.plan.prefix)
             raise
 
-    def _start_delayline(self) -> int:
-        """Start the delay line, wait until it reports ready; return its pid or raise with its log."""
+    def _start_delayline(self, meanwhile: Callable[[], None] = lambda: None) -> int:
+        """Start the delay line, run `meanwhile`, let it open its devices, wait until it is ready.
+
+        Returns its pid, or raises with the tail of its log (after stopping it).
+        """
         self.folder.mkdir(parents=True, exist_ok=True)
         plan_path = self.folder / "delayline-plan.json"
         plan_path.write_text(self.plan.to_json())
         self.counters_path.unlink(missing_ok=True)
         ready_read, ready_write = os.pipe()
+        go_read, go_write = os.pipe()
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), env.get("PYTHONPATH")]))
         try:
             with open(self.log_path, "ab") as log:
                 process = subprocess.Popen(
-                    self.delayline_argv(plan_path, ready_write), stdin=subprocess.DEVNULL,
-                    stdout=log, stderr=subprocess.STDOUT, pass_fds=(ready_write,),
-                    start_new_session=True, cwd=str(PACKAGE_ROOT), env=env)
+                    [*self.delayline_argv(plan_path, ready_write), "--go-fd", str(go_read)],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    pass_fds=(ready_write, go_read), start_new_session=True,
+                    cwd=str(PACKAGE_ROOT), env=env)
             os.close(ready_write)
             ready_write = -1
+            os.close(go_read)
+            go_read = -1
             try:
+                meanwhile()
+                os.write(go_write, b"g")
+                os.close(go_write)
+                go_write = -1
                 self._wait_ready(process, ready_read)
             except BaseException:
                 stop_delayline(process.pid, self.plan.prefix)
@@ -169,8 +181,9 @@ class TunBackend(Backend):
                 raise
         finally:
             os.close(ready_read)
-            if ready_write >= 0:
-                os.close(ready_write)
+            for fd in (ready_write, go_read, go_write):
+                if fd >= 0:
+                    os.close(fd)  # closing go_write without a byte tells the delay line to exit
         return process.pid
 
     def _wait_ready(self, process: subprocess.Popen, ready_read: int) -> None:

@@ -25,6 +25,9 @@ def main(argv=None) -> int:
     parser.add_argument("--counters", type=Path, help="counters JSON, rewritten every second")
     parser.add_argument("--ready-fd", type=int, help="write 'ready' to this inherited fd when up")
     parser.add_argument("--ready-file", type=Path, help="create this file when up")
+    parser.add_argument("--go-fd", type=int,
+                        help="wait for a byte on this inherited fd before opening devices (the "
+                             "backend starts us while it still creates the namespaces)")
     parser.add_argument("--seed", type=int, default=0, help="RNG seed for loss and jitter")
     parser.add_argument("--jitter-distribution", choices=JITTER_DISTRIBUTIONS, default="uniform")
     parser.add_argument("--early-wake-us", type=float, default=DEFAULT_EARLY_WAKE_US,
@@ -45,6 +48,12 @@ def main(argv=None) -> int:
             tmp.rename(args.ready_file)
         print(f"delayline: ready, pid {os.getpid()}", file=sys.stderr, flush=True)
 
+    if args.go_fd is not None:
+        go = os.read(args.go_fd, 1)
+        os.close(args.go_fd)
+        if not go:  # the backend gave up before the namespaces were there
+            print("delayline: no go signal; exiting", file=sys.stderr, flush=True)
+            return 1
     run_from_plan_file(args.plan, args.counters, ready, seed=args.seed,
                        jitter_distribution=args.jitter_distribution,
                        early_wake_us=args.early_wake_us, read_batch=args.read_batch,

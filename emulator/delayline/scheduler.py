@@ -22,7 +22,7 @@ import heapq
 import random
 from typing import Any, Hashable, Optional
 
-from ..topology import LinkSpec
+from ..linkspec import LinkSpec
 
 NS_PER_S = 1_000_000_000
 NS_PER_MS = 1_000_000
