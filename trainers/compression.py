@@ -34,7 +34,7 @@ import dataclasses
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Optional
 
 import torch
 
@@ -357,17 +357,20 @@ class CompressedExchange:
 
     Args:
         compressor: the code.
+        reduce_hook: the all-reduce that averages summable payloads (default ``allreduce_hook``;
+            ``ring_allreduce_hook`` for the isend/irecv ring).
     """
 
-    def __init__(self, compressor: Compressor):
+    def __init__(self, compressor: Compressor, reduce_hook: Optional[Callable[[Comm, torch.Tensor], Work]] = None):
         self.compressor = compressor
+        self.reduce_hook = reduce_hook
         self.feedback = ErrorFeedback(compressor) if compressor.error_feedback else None
 
     def __call__(self, comm: Comm, flat: torch.Tensor) -> Work:
         code = self.compressor
         if code.summable:
             wire = code.encode(flat)
-            work = comm.all_reduce(wire, op="avg", async_op=True)
+            work = self.reduce_hook(comm, wire) if self.reduce_hook else comm.all_reduce(wire, op="avg", async_op=True)
             return work.then(lambda averaged: flat.copy_(code.decode(averaged, flat.numel(), flat.dtype)))
         if self.feedback is not None:
             payload, own = self.feedback.encode((flat.data_ptr(), flat.numel(), flat.dtype), flat)

@@ -101,7 +101,10 @@ def test_registered_and_resolved_through_the_config():
 LR = 0.3
 STEPS = 100
 REFERENCE_STEPS = 3
-ACCURACY_RUNS = {  # label: (algorithm, params, stated accuracy after STEPS steps)
+# label: (algorithm, params, stated accuracy of the averaged model after STEPS steps). Measured
+# (seed 0, torch 2.13 CPU): dpsgd ring and torus 0.914, random 0.925, adpsgd 0.919, swarmsgd
+# 0.919 with every quantize option; sync reaches 0.922 in the same setting (test_quantized.py).
+ACCURACY_RUNS = {
     "dpsgd_ring": ("dpsgd", {"topology": "ring"}, 0.85),
     "dpsgd_torus": ("dpsgd", {"topology": "torus"}, 0.85),
     "dpsgd_random": ("dpsgd", {"topology": "random", "edge_probability": 0.5, "seed": 1}, 0.85),

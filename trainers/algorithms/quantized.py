@@ -25,14 +25,14 @@ import torch
 from torch import nn
 
 from trainers.algorithms.base import Algorithm, AlgorithmContext, StepResult, _by_dtype, flatten, unflatten_into
-from trainers.algorithms.hooks import ExchangeHook
+from trainers.algorithms.hooks import ExchangeHook, allreduce_hook, ring_allreduce_hook
 from trainers.algorithms.local_sgd import LocalSGD, LocalSGDParams
 from trainers.algorithms.sync import Sync, SyncParams
 from trainers.compression import COMPRESSORS, CompressedExchange, build_compressor, get_compressor
 from trainers.config import ConfigError, require_choice
 
 BASE_PARAMS = {"sync": SyncParams, "local_sgd": LocalSGDParams}
-_BASE_FIELDS = ("bucket_cap_mb", "broadcast_buffers", "H", "warmup_steps")
+_BASE_FIELDS = ("bucket_cap_mb", "broadcast_buffers", "H", "warmup_steps", "collective")
 _COMPRESSOR_FIELDS = ("levels", "chunk_size", "ratio")
 
 
@@ -45,6 +45,8 @@ class QuantizedParams:
         ratio: topk's fraction of elements sent.
         bucket_cap_mb, broadcast_buffers: sync's (bucket_cap_mb also local_sgd's warm-up buckets).
         H, warmup_steps: local_sgd's local steps per average and synchronous warm-up steps.
+        collective: local_sgd's allreduce | ring; here it picks the all-reduce of summable codes
+            (fp16, bf16); the other codes are all-gathered, so they take only allreduce.
     Left as None: the owner's default (filled in when the config is resolved).
     """
 
@@ -57,16 +59,22 @@ class QuantizedParams:
     broadcast_buffers: Optional[bool] = None
     H: Optional[int] = None
     warmup_steps: Optional[int] = None
+    collective: Optional[str] = None
 
     def __post_init__(self) -> None:
         require_choice("base", self.base, BASE_PARAMS)
         require_choice("compressor", self.compressor, sorted(COMPRESSORS))
         self._fill(BASE_PARAMS[self.base], _BASE_FIELDS, f"base {self.base!r}")
         self._fill(get_compressor(self.compressor).Params, _COMPRESSOR_FIELDS, f"compressor {self.compressor!r}")
+        if self.collective == "ring" and not get_compressor(self.compressor).summable:
+            raise ConfigError(
+                "collective", f"ring needs a summable compressor (fp16, bf16); {self.compressor} payloads are all-gathered"
+            )
 
     def _fill(self, owner: type, candidates: tuple[str, ...], label: str) -> None:
         """Check the fields ``owner`` takes with its own Params, fill its defaults, reject the rest."""
-        own = [f.name for f in dataclasses.fields(owner)]
+        # A base parameter this class does not expose (yet) keeps the base's default.
+        own = [f.name for f in dataclasses.fields(owner) if hasattr(self, f.name)]
         for name in candidates:
             if name not in own and getattr(self, name) is not None:
                 raise ConfigError(name, f"is not a parameter of {label} (it takes: {own or 'nothing'})")
@@ -77,7 +85,7 @@ class QuantizedParams:
     def base_params(self) -> Any:
         """The base strategy's Params."""
         owner = BASE_PARAMS[self.base]
-        return owner(**{f.name: getattr(self, f.name) for f in dataclasses.fields(owner)})
+        return owner(**{f.name: getattr(self, f.name) for f in dataclasses.fields(owner) if hasattr(self, f.name)})
 
     def compressor_params(self) -> dict:
         """Keyword arguments of the compressor's Params."""
@@ -129,7 +137,8 @@ class Quantized(Algorithm):
 
     def __init__(self, params: QuantizedParams, ctx: AlgorithmContext):
         super().__init__(params, ctx)
-        self.exchange = CompressedExchange(build_compressor(params.compressor, **params.compressor_params()))
+        reduce_hook = ring_allreduce_hook if params.collective == "ring" else allreduce_hook
+        self.exchange = CompressedExchange(build_compressor(params.compressor, **params.compressor_params()), reduce_hook)
         self.inner: Algorithm = _COMPRESSED_BASES[params.base](params.base_params(), ctx, self.exchange)
         self.optimizer = self.inner.optimizer
 
