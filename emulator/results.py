@@ -25,7 +25,7 @@ SUMMARY_COLUMNS = [
 @dataclass
 class RunFrames:
     jobs: pd.DataFrame    # one row per job (job.json + config)
-    steps: pd.DataFrame   # one row per step record, every rank; train_time_s excludes evaluation
+    steps: pd.DataFrame   # one row per step record, every rank
     evals: pd.DataFrame   # one row per eval record (rank 0)
     target_accuracy: Optional[float]
     complete: bool
@@ -62,16 +62,6 @@ def load_run(run_dir) -> RunFrames:
         base["network"] = info.get("network_key", "")
         jobs.append({**base, "status": info.get("status"), "wall_s": info.get("wall_s"),
                      "reason": info.get("reason", "")})
-        # Evaluation (and the stop decision it broadcasts) is the harness's, not the algorithm's:
-        # its time, measured on rank 0, is left out of every rank's training time.
-        rank0_path = job_dir / "rank0.jsonl"
-        eval_pauses = sorted((r.get("step", 0), r.get("eval_s") or 0.0)
-                             for r in (_read_jsonl(rank0_path) if rank0_path.exists() else [])
-                             if r.get("kind") == "eval")
-
-        def paused_before(step: int, inclusive: bool) -> float:
-            return sum(s for e, s in eval_pauses if e < step or (inclusive and e == step))
-
         for rank_file in sorted(job_dir.glob("rank*.jsonl")):
             records = _read_jsonl(rank_file)
             # Time zero is when this rank began its first step: process start-up (importing torch,
@@ -83,9 +73,10 @@ def load_run(run_dir) -> RunFrames:
                 start = next((r["time_s"] for r in records if r.get("kind") == "start"), 0.0)
             for record in records:
                 kind = record.get("kind")
-                paused = paused_before(record.get("step", 0), inclusive=kind == "eval")
-                row = {**base, **record,
-                       "train_time_s": record.get("time_s", 0.0) - start - paused}
+                # Evaluation stays in: it is the same protocol for every algorithm, and its
+                # communication (averaging a deployable model) overlaps the algorithm's own, so
+                # subtracting it would credit an algorithm with the evaluation's network time.
+                row = {**base, **record, "train_time_s": record.get("time_s", 0.0) - start}
                 if kind == "step":
                     steps.append(row)
                 elif kind == "eval":
