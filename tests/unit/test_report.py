@@ -62,9 +62,8 @@ def _rank_records(job: FakeJob, rank: int) -> list[dict]:
     records = [stamp("start", job.start_s, world_size=job.nodes, algorithm=job.algorithm, model="mlp",
                      dataset="digits", host="test", python="3.11", torch="2.x", device="cpu", backend="gloo")]
     total = 0
-    paused = 0.0  # wall-clock time spent outside steps (none in these synthetic runs)
     for step in range(job.steps):
-        time_s = job.start_s + (step + 1) * job.step_time_s + paused
+        time_s = job.start_s + (step + 1) * job.step_time_s
         total += job.bytes_per_step
         blocked = job.blocked_s
         records.append(stamp("step", time_s, step=step, epoch=step / 50, loss=2.0 / (1 + step), lr=0.1,
@@ -76,7 +75,7 @@ def _rank_records(job: FakeJob, rank: int) -> list[dict]:
             if rank == 0:
                 records.append(stamp("eval", time_s, step=step, accuracy=job.evals[step],
                                      loss=1.0 - job.evals[step], eval_s=0.01, eval_bytes_sent=0, eval_bytes_recv=0))
-    records.append(stamp("status", job.start_s + job.steps * job.step_time_s + paused + 0.01, status="ok",
+    records.append(stamp("status", job.start_s + job.steps * job.step_time_s + 0.01, status="ok",
                          steps=job.steps, stop_reason="steps"))
     return records
 
