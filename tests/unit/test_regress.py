@@ -34,7 +34,7 @@ def failures(checks):
 
 def test_project_tolerances_file_is_valid(tolerances):
     assert tolerances["final_accuracy"] == Tolerance("final_accuracy", "higher", absolute=0.05)
-    assert tolerances["speedup_vs_sync"] == Tolerance("speedup_vs_sync", "higher", relative=0.25)
+    assert tolerances["speedup_vs_sync"] == Tolerance("speedup_vs_sync", "higher", relative=0.40)
 
 
 def test_identical_run_passes(baseline, tolerances):
@@ -58,7 +58,7 @@ def test_accuracy_drop_beyond_tolerance_fails(baseline, tolerances):
 def test_changes_within_tolerance_pass(baseline, tolerances):
     current = baseline.copy()
     current["final_accuracy"] -= 0.049
-    current["speedup_vs_sync"] *= 0.76          # -24%: allowed down to -25%
+    current["speedup_vs_sync"] *= 0.61          # -39%: allowed down to -40%
     current["bytes_per_step_per_node"] *= 1.10  # exactly on the bound passes
     current["throughput_speedup_vs_sync"] *= 5  # better is always fine
     assert not regressed(compare(baseline, current, tolerances))
@@ -66,10 +66,10 @@ def test_changes_within_tolerance_pass(baseline, tolerances):
 
 def test_relative_speedup_drop_fails(baseline, tolerances):
     current = baseline.copy()
-    current.loc[current["label"] == "dts", "speedup_vs_sync"] *= 0.7
+    current.loc[current["label"] == "dts", "speedup_vs_sync"] *= 0.5
     bad = failures(compare(baseline, current, tolerances))
     assert list(bad["metric"]) == ["speedup_vs_sync"]
-    assert bad.iloc[0]["allowed"] == ">= 3 (-25%)"
+    assert bad.iloc[0]["allowed"] == ">= 2.4 (-40%)"
 
 
 def test_missing_algorithm_row_fails(baseline, tolerances):
