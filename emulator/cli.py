@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from . import cgroups
 from . import clean as clean_mod
 from .backends import REGISTRY, Backend, BackendUnavailable, read_state
 from .inputs import topology_of
@@ -99,7 +100,10 @@ def load_plan(args) -> Plan:
         raise ConfigError("--delay-scale", "", f"must be >= 0, got {args.delay_scale}")
     if args.delay_scale != 1.0 or rate is not None:
         topology = topology.scaled(args.delay_scale, rate)
-    return make_plan(topology)
+    cpu_share = getattr(args, "cpu_share", None)
+    if cpu_share is not None and not 0 < cpu_share <= 1024:
+        raise ConfigError("--cpu-share", "", f"must be in (0, 1024] cores, got {cpu_share}")
+    return make_plan(topology, cpu_share=cpu_share)
 
 
 def _print_plan(plan: Plan, backend: str) -> None:
@@ -129,6 +133,14 @@ def cmd_up(args) -> int:
     backend = choose_backend(args.backend)(plan)
     with teardown_on_signals():
         backend.up()
+        if plan.cpu_share is not None:
+            try:
+                for node in plan.nodes:
+                    cgroups.set_cpu_limit(cgroups.create(plan.prefix, node.name), plan.cpu_share)
+            except BaseException:
+                backend.down()
+                _remove_cgroups(plan)
+                raise
     _print_plan(plan, backend.name)
     _console().print("network is up; 'wanbench exec NODE -- CMD' runs inside a node; 'wanbench down' ends it")
     return 0
@@ -141,6 +153,7 @@ def cmd_down(args) -> int:
         return 0
     info, plan = state
     REGISTRY[info["backend"]](plan).down()
+    _remove_cgroups(plan)
     _console().print(f"{plan.topology_name}: down")
     return 0
 
@@ -157,7 +170,20 @@ def cmd_exec(args) -> int:
     argv = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not argv:
         raise ConfigError("exec", "command", "give a command after the node name, e.g. -- ping tokyo-0")
+    if plan.cpu_share is not None:
+        cgroups.add_pid(cgroups.group_path(plan.prefix, node.name), os.getpid())  # exec keeps it
     os.execvp("ip", exec_argv(node, argv))  # replaces this process: exit code and signals pass through
+
+
+def _remove_cgroups(plan: Plan) -> None:
+    """Remove the nodes' CPU groups once their processes are gone (clean() catches stragglers)."""
+    if plan.cpu_share is None:
+        return
+    for node in plan.nodes:
+        try:
+            cgroups.remove(cgroups.group_path(plan.prefix, node.name), timeout_s=2.0)
+        except OSError as exc:
+            _console().print(f"cgroup of {node.name} still has processes ({exc}); 'wanbench clean' removes it")
 
 
 def _verify_table(rows: list[dict], title: str):
@@ -292,6 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("up", help="build the emulated WAN and return to the shell")
     network_args(p)
+    p.add_argument("--cpu-share", type=float, metavar="CORES",
+                   help="limit what each node runs (wanbench exec) to this many cores (cgroup cpu quota)")
     p.add_argument("--dry-run", action="store_true", help="print the tc backend's script; change nothing")
     p.set_defaults(func=cmd_up)
 

@@ -116,3 +116,18 @@ def test_run_writes_a_complete_run_directory(test_prefix, write_yaml, tmp_path):
         assert len(list(records)) == 2
     assert "sync" in result.stdout  # the comparison table
     assert namespaces(test_prefix) == []
+
+
+def test_cpu_share_limits_what_exec_runs(test_prefix, write_yaml):
+    from emulator import cgroups
+
+    wanbench("up", write_yaml(TWO_REGIONS), "--backend", "tun", "--cpu-share", "0.25")
+    try:
+        group = cgroups.group_path(test_prefix, "east-0")
+        assert cgroups.cpu_limit(group) == pytest.approx(0.25)
+        # the process that exec runs is in its node's group
+        out = wanbench("exec", "east-0", "--", "cat", "/proc/self/cgroup").stdout
+        assert f"{test_prefix}-east-0" in out
+    finally:
+        wanbench("down")
+    assert not cgroups.group_path(test_prefix, "east-0").exists()
