@@ -44,7 +44,9 @@ import torch.multiprocessing as mp
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-VARIANTS = ("ours_sync", "torch_ddp", "ours_local_sgd", "torch_post_local_sgd")
+VARIANTS = ("ours_sync", "torch_ddp", "ours_local_sgd", "torch_post_local_sgd", "ours_quantized", "torch_powersgd")
+# Each "ours" variant is compared with the torch implementation a user would otherwise pick.
+PAIRS = (("ours_sync", "torch_ddp"), ("ours_local_sgd", "torch_post_local_sgd"), ("ours_quantized", "torch_powersgd"))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -59,6 +61,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=30, help="rounds of blocks (one block per variant per round)")
     parser.add_argument("--bucket-cap-mb", type=float, default=25.0, help="bucket size for sync and DDP (MiB)")
     parser.add_argument("--H", type=int, default=8, help="local steps between averages (local SGD)")
+    parser.add_argument("--compressor", default="onebit", help="our quantized variant's compressor (vs PowerSGD)")
+    parser.add_argument("--powersgd-rank", type=int, default=1, help="PowerSGD matrix approximation rank")
     parser.add_argument("--out", default=str(REPO / "results" / "bench"), help="CSV directory")
     parser.add_argument("--collectives", action="store_true", help="time all_reduce vs ring_all_reduce as one rank (env: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)")
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 10_000_000, 100_000_000], help="payload sizes for --collectives (bytes)")
@@ -113,6 +117,13 @@ def rank_main(rank: int, args: argparse.Namespace, port: int, result_path: str) 
         ctx = AlgorithmContext(model=model, comm=comm, loss_fn=loss_fn, optimizer=OptimizerConfig(momentum=0.9), lr=lr, device=torch.device("cpu"))
         if variant == "ours_sync":
             algorithm = Sync(SyncParams(bucket_cap_mb=args.bucket_cap_mb), ctx)
+        elif variant == "ours_quantized":
+            from trainers.algorithms.quantized import Quantized
+            from trainers.config import from_dict
+
+            params = from_dict(Quantized.Params, {"base": "sync", "compressor": args.compressor,
+                                                  "bucket_cap_mb": args.bucket_cap_mb}, "quantized")
+            algorithm = Quantized(params, ctx)
         else:
             algorithm = LocalSGD(LocalSGDParams(H=args.H, warmup_steps=0), ctx)
         algorithm.setup()
@@ -133,6 +144,25 @@ def rank_main(rank: int, args: argparse.Namespace, port: int, result_path: str) 
         if variant == "torch_ddp":
             ddp = DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
             bytes_per_step = ring
+        elif variant == "torch_powersgd":
+            from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+            ddp = DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
+            state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=args.powersgd_rank,
+                                                start_powerSGD_iter=2, min_compression_rate=2,
+                                                use_error_feedback=True, warm_start=True)
+            ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+            # Ring all-reduce of P and Q (float32) for each compressed matrix, of the rest uncompressed.
+            elements = 0
+            for p in model.parameters():
+                if p.dim() >= 2:
+                    rows, cols = p.shape[0], p.numel() // p.shape[0]
+                    rank_r = min(args.powersgd_rank, rows, cols)
+                    compressed = (rows + cols) * rank_r
+                    elements += compressed if compressed * 2 <= p.numel() else p.numel()
+                else:
+                    elements += p.numel()
+            bytes_per_step = 2 * (n - 1) * elements * 4 // n
         else:
             ddp = DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
             # No gradient all-reduce after the warm-up: pure local steps between averages.
@@ -288,7 +318,7 @@ def main(argv=None) -> int:
     print()
     # Paired: the ratio of two adjacent blocks of the same round, then the median over rounds;
     # adjacent blocks share the machine's load, so this is steadier than a ratio of medians.
-    for ours_name, theirs in (("ours_sync", "torch_ddp"), ("ours_local_sgd", "torch_post_local_sgd")):
+    for ours_name, theirs in PAIRS:
         by_round = {(r["repeat"], r["variant"]): r["step_s"] for r in rows}
         paired = [by_round[(k, ours_name)] / by_round[(k, theirs)] for k in range(args.repeats)]
         quartiles = statistics.quantiles(paired, n=4) if len(paired) >= 2 else [paired[0]] * 3
