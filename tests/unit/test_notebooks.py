@@ -53,3 +53,18 @@ def test_notebook_without_results_stops_gracefully(tmp_path, monkeypatch):
     assert not [o for o in outputs if o.output_type == "error"]
     assert not [o for o in outputs if "image/png" in o.get("data", {})]
     assert "No run directories under" in "".join(o.get("text", "") for o in outputs)
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "results" / "examples"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_notebook_runs_on_the_committed_example_results(name, monkeypatch):
+    """Each notebook regenerates its figure from the real run committed under results/examples/."""
+    folder = EXAMPLES / name
+    if not folder.is_dir():
+        pytest.skip(f"no committed example results in {folder}")
+    monkeypatch.delenv("WANBENCH_RESULTS_DIR", raising=False)  # the notebook's own default path
+    outputs = execute(name, str(folder), monkeypatch)
+    assert not [o for o in outputs if o.output_type == "error"]
+    assert sum("image/png" in o.get("data", {}) for o in outputs) >= 1
