@@ -245,7 +245,9 @@ def cmd_run(args) -> int:
     from .report import write_report
 
     outcome = write_report([run_dir], run_dir / "report")
-    progress = [f for f in outcome.figures if f.suffix == ".png"]
+    # the training-progress figure first: for a single run it is the one to look at
+    progress = sorted((f for f in outcome.figures if f.suffix == ".png"),
+                      key=lambda f: (not f.name.startswith("progress-"), f.name))
     _console().print(f"report: {outcome.markdown}; figures: {', '.join(str(f) for f in progress[:3])}"
                      + (" ..." if len(progress) > 3 else ""))
     return 0
