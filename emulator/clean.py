@@ -96,4 +96,7 @@ def clean(prefix: str) -> list[str]:
                 except OSError:
                     pass
     clear_state(prefix)
+    folder = Backend.state_dir(prefix)
+    # Logs and counters of networks that are gone: files, not system objects, so not counted.
+    shutil.rmtree(folder, ignore_errors=True)
     return removed

@@ -216,8 +216,19 @@ class TunBackend(Backend):
         netns.remove_nodes(self.plan)
         clear_state(self.plan.prefix)
         (self.folder / "delayline-plan.json").unlink(missing_ok=True)
-        for name in ("links.json", "links.json.applied", "links.json.tmp"):
+        for name in ("links.json", "links.json.applied", "links.json.tmp", "counters.json"):
             (self.folder / name).unlink(missing_ok=True)
+        # The log stays only if the delay line said something worth reading (a warning, an error).
+        try:
+            log = self.log_path.read_text()
+        except OSError:
+            log = ""
+        if "WARNING" not in log and "Traceback" not in log:
+            self.log_path.unlink(missing_ok=True)
+        try:
+            self.folder.rmdir()  # empty: nothing of this network is left
+        except OSError:
+            pass
 
     @property
     def links_path(self) -> Path:
