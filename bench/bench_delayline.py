@@ -45,6 +45,7 @@ from emulator.backends.base import read_state  # noqa: E402
 from emulator.backends.tun import TunBackend  # noqa: E402
 from emulator.delayline.device import device_name  # noqa: E402
 from emulator.plan import make_plan  # noqa: E402
+from emulator.processes import stop as stop_processes  # noqa: E402
 from emulator.topology import load_topology, topology_from_dict  # noqa: E402
 
 RESULTS = REPO / "results" / "bench"
@@ -106,13 +107,7 @@ class Background:
                                         stderr=subprocess.DEVNULL, cwd=REPO)
 
     def stop(self):
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_processes([self.process])
 
 
 def iperf(client, server, seconds: int, omit: int, congestion: str, port: int = IPERF_PORT) -> dict:

@@ -213,18 +213,12 @@ def rank_main(rank: int, args: argparse.Namespace, port: int, result_path: str) 
 
 
 def environment() -> dict:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from emulator.run import cpu_model
+
     return {
         "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": socket.gethostname(),
-        "cpu": cpu,
+        "cpu": cpu_model() or "unknown",
         "cores": os.cpu_count(),
         "load_avg_1m": os.getloadavg()[0],
         "python": platform.python_version(),

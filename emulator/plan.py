@@ -10,7 +10,7 @@ import ipaddress
 import json
 import os
 import re
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Optional
 
 from .linkspec import LinkSpec

@@ -17,7 +17,6 @@ import datetime
 import json
 import os
 import platform
-import signal
 import subprocess
 import sys
 import time
@@ -25,9 +24,9 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from . import cgroups
-from .backends import REGISTRY
 from .faults import FaultTimeline
 from .netns import exec_argv, interface_of
+from .processes import stop as stop_processes
 from .plan import Plan, make_plan
 from .scenario import Job, Scenario
 
@@ -44,6 +43,17 @@ def write_json_atomic(path: Path, data) -> None:
     tmp.replace(path)
 
 
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo ("" when unreadable)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
 def environment(backend: str) -> dict:
     """What a benchmark number depends on: versions, machine, backend, commit, date."""
     import torch
@@ -55,21 +65,13 @@ def environment(backend: str) -> dict:
         except (OSError, subprocess.TimeoutExpired):
             return ""
 
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "backend": backend,
         "kernel": platform.release(),
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "cpu": cpu,
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "git_commit": git("rev-parse", "HEAD"),
@@ -83,20 +85,6 @@ class JobOutcome:
     status: str            # ok | failed | timeout | interrupted
     wall_s: float
     reason: str = ""
-
-
-def _terminate(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
-    procs = [p for p in procs if p is not None]
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-    deadline = time.monotonic() + grace_s
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _last_records(path: Path, kinds=("step", "eval")) -> dict:
@@ -250,7 +238,7 @@ def launch_job(plan: Plan, job: Job, job_dir: Path, master_port: int, timeout_s:
                 failed_at = time.monotonic()
             if failed_at is not None and time.monotonic() - failed_at > FAILED_RANK_GRACE_S:
                 bad = [exit_reason(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
-                _terminate(procs)
+                stop_processes(procs)
                 outcome = JobOutcome(job.job_id, "failed", time.monotonic() - start,
                                      "; ".join(bad) + "; the other ranks were ended")
                 break
@@ -260,12 +248,12 @@ def launch_job(plan: Plan, job: Job, job_dir: Path, master_port: int, timeout_s:
                 if stall_timeout_s is not None and not armed:
                     armed = all(_has_step(job_dir / f"rank{rank}.jsonl") for rank in range(world))
             elif armed and time.monotonic() - last_progress > stall_timeout_s:
-                _terminate(procs)
+                stop_processes(procs)
                 outcome = JobOutcome(job.job_id, "stalled", time.monotonic() - start,
                                      f"no rank wrote a record for {stall_timeout_s:.0f} s")
                 break
             if time.monotonic() - start > timeout_s:
-                _terminate(procs)
+                stop_processes(procs)
                 outcome = JobOutcome(job.job_id, "timeout", time.monotonic() - start,
                                      f"no end after {timeout_s:.0f} s")
                 break
@@ -273,7 +261,7 @@ def launch_job(plan: Plan, job: Job, job_dir: Path, master_port: int, timeout_s:
                 on_tick(_last_records(job_dir / "rank0.jsonl"), time.monotonic() - start)
             time.sleep(0.25)
     except BaseException:
-        _terminate([p for p in procs if p is not None])
+        stop_processes(procs)
         outcome = JobOutcome(job.job_id, "interrupted", time.monotonic() - start, "interrupted")
         raise
     finally:

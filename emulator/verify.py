@@ -18,6 +18,7 @@ from typing import Callable, Optional
 
 from .netns import exec_argv
 from .plan import Node, Plan
+from .processes import stop as stop_processes
 
 PROBE_PORT = 47000
 IPERF_PORT = 47001
@@ -37,16 +38,6 @@ def _probe_argv(*args: str) -> list[str]:
     # otherwise count its own scheduling delay as network delay (p99 1-10 ms on 2 busy cores).
     chrt = ["chrt", "-f", "5"] if shutil.which("chrt") else []
     return [*chrt, sys.executable, "-m", "emulator.delayline.probe", *args]
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=3)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def measure_rtt(plan: Plan, src: Node, dst: Node, options: VerifyOptions) -> dict:
@@ -81,7 +72,7 @@ def measure_throughput(src: Node, dst: Node, options: VerifyOptions) -> float:
         report = json.loads(result.stdout)
         return report["end"]["sum_received"]["bits_per_second"] / 1e6
     finally:
-        _stop(server)
+        stop_processes([server], grace_s=3)
 
 
 def verify(plan: Plan, options: VerifyOptions = VerifyOptions(),
@@ -116,6 +107,5 @@ def verify(plan: Plan, options: VerifyOptions = VerifyOptions(),
                 row["rate_ratio"] = row["rate_mbit"] / row["rate_spec_mbit"]
             rows.append(row)
     finally:
-        for server in servers:
-            _stop(server)
+        stop_processes(servers, grace_s=3)
     return rows

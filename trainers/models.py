@@ -73,9 +73,14 @@ def build_lenet(params: LeNetParams, input_shape: tuple[int, ...], num_classes: 
         nn.Conv2d(c1, c2, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
         nn.Flatten(),
     )
+    return _with_classifier(features, input_shape, params.fc_sizes, num_classes)
+
+
+def _with_classifier(features: nn.Module, input_shape, fc_sizes: list[int], num_classes: int) -> nn.Sequential:
+    """`features` followed by fully connected layers of `fc_sizes` (ReLU) and the output layer."""
     layers: list[nn.Module] = [features]
     width = _flat_size(features, input_shape)
-    for hidden in params.fc_sizes:
+    for hidden in fc_sizes:
         layers += [nn.Linear(width, hidden), nn.ReLU()]
         width = hidden
     layers.append(nn.Linear(width, num_classes))
@@ -154,13 +159,7 @@ def build_vgg(params: VGGParams, input_shape: tuple[int, ...], num_classes: int)
         stages += [nn.Conv2d(channels, width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
         channels = width
     features = nn.Sequential(*stages, nn.Flatten())
-    layers: list[nn.Module] = [features]
-    width = _flat_size(features, input_shape)
-    for hidden in params.fc_sizes:
-        layers += [nn.Linear(width, hidden), nn.ReLU()]
-        width = hidden
-    layers.append(nn.Linear(width, num_classes))
-    return nn.Sequential(*layers)
+    return _with_classifier(features, input_shape, params.fc_sizes, num_classes)
 
 
 @dataclass

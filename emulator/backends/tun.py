@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Callable
 
 from .. import netns
-from ..plan import Plan
 from .base import Backend, BackendUnavailable, clear_state, read_state, register
 
 READY_TIMEOUT_S = 30.0     # opening devices takes ~10 ms per node; python start-up dominates

@@ -421,7 +421,6 @@ class DelayLine:
         batch = self.read_batch
         early_ns = self.early_wake_ns
         interval_ns = self.counters_interval_ns
-        lag = self.lag
         vnet = VNET_HDR_BYTES
         dst_start = VNET_HDR_BYTES + IPV4_DST_OFFSET
         dst_end = dst_start + 4

@@ -32,6 +32,7 @@ from emulator.backends.base import read_state  # noqa: E402
 from emulator.backends.tun import TunBackend, is_our_delayline  # noqa: E402
 from emulator.delayline.device import device_name  # noqa: E402
 from emulator.plan import make_plan  # noqa: E402
+from emulator.processes import stop as stop_processes  # noqa: E402
 from emulator.topology import load_topology  # noqa: E402
 
 # One-way delays (ms) and rates (Mbit/s) per region pair.
@@ -83,13 +84,7 @@ class _Server:
                                         stderr=subprocess.STDOUT, text=True)
 
     def stop(self):
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_processes([self.process])
 
 
 def _probe(network, src, dst, count=60, interval_ms=5.0, port=9100):

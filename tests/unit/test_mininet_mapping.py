@@ -12,17 +12,7 @@ from emulator.topology import load_topology, topology_from_dict
 ROOT = Path(__file__).resolve().parents[2]
 IFNAMSIZ = 15  # the kernel's interface name limit, without the terminating NUL
 
-THREE_NODES = {
-    "name": "tri",
-    "address_pool": "10.99.0.0/24",
-    "regions": {"x": {"nodes": 1}, "y": {"nodes": 1}, "z": {"nodes": 1}},
-    "links": [
-        {"between": ["x", "y"], "rtt": "20ms", "rate": "100Mbit"},
-        {"between": ["x", "z"], "rtt": "100ms", "rate": "1Gbit", "loss": "1%"},
-        {"from": "y", "to": "z", "delay": "5ms", "rate": "10Mbit", "jitter": "1ms"},
-        {"from": "z", "to": "y", "delay": "7ms", "rate": "20Mbit"},
-    ],
-}
+from test_plan_and_tc import THREE_NODES  # noqa: E402  (one 3-node matrix for both tc users)
 
 
 @pytest.fixture
