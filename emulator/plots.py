@@ -5,9 +5,9 @@ of 10 pt or more at 7 x 4.5 in and 150 dpi. An algorithm has the same colour in 
 (`color_for`); variants of one algorithm (e.g. dts-p1, dts-p4) share its colour and differ in line
 style and marker. A sweep with a single point still draws its markers and says "one sweep point".
 
-Inputs are the frames of `emulator.results` (`load_run(...).steps/.evals`, `summarize(...)`),
-optionally with the network columns `emulator.report.network_axes` adds (`mean_rtt_ms`,
-`rate_bit_s`).
+Inputs are the frames of `emulator.results` (`load_run(...).steps/.evals/.faults`,
+`summarize(...)`), optionally with the network columns `emulator.report.network_axes` adds
+(`mean_rtt_ms`, `rate_bit_s`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+from .results import injection_failed
 
 FIGSIZE_IN = (7.0, 4.5)
 WIDE_FIGSIZE_IN = (11.0, 4.5)   # two panels side by side
@@ -51,12 +53,28 @@ _MARKERS = ["o", "s", "^", "D", "v", "P"]
 # Reference lines (sync = 1, target accuracy) carry this gid; every other line is data.
 REFERENCE_GID = "reference"
 SPREAD_GID = "seed-spread"  # the caps of min-max bars over seeds
+FAULT_GID = "fault"         # vertical marks (and their labels) at fault events
 ONE_POINT_NOTE = "one sweep point: no trend to read"
+FAILED_FAULT_COLOR = "#D62728"
+FAULT_TEXT_COLOR = "#444444"
+# Fault marks closer than this fraction of the time axis share one label (joined by " / ").
+FAULT_LABEL_MERGE_FRACTION = 0.02
 
 
 def series_lines(ax) -> list:
-    """The lines of `ax` that are data series (not reference lines or error-bar caps)."""
-    return [line for line in ax.get_lines() if line.get_gid() not in (REFERENCE_GID, SPREAD_GID)]
+    """The lines of `ax` that are data series (not reference lines, error-bar caps or fault marks)."""
+    return [line for line in ax.get_lines() if line.get_gid() not in (REFERENCE_GID, SPREAD_GID, FAULT_GID)]
+
+
+def fault_lines(ax) -> list:
+    """The vertical fault marks of `ax`."""
+    return [line for line in ax.get_lines() if line.get_gid() == FAULT_GID]
+
+
+def fault_texts(ax) -> list[str]:
+    """The fault labels of `ax`, left to right."""
+    texts = sorted((t for t in ax.texts if t.get_gid() == FAULT_GID), key=lambda t: t.get_position()[0])
+    return [t.get_text() for t in texts]
 
 
 def color_for(algorithm: Optional[str]) -> str:
@@ -183,11 +201,91 @@ def _plain_log_ticks(axis) -> None:
                                            f"{value:.1e}"[0] in "25" else ""))
 
 
+# --- fault marks on a time axis -------------------------------------------------------------------
+
+
+def fault_label(what: str) -> str:
+    """A short label for a fault's `what` (emulator/faults.py's names): "node_crash b-0" ->
+    "crash b-0", "link a->b down" -> "link a-b down" (both directions read the same), "loss burst
+    a->b 30%" -> "loss 30%", "trace a->b t=5s" -> "trace"; others as they are."""
+    words = str(what).split()
+    if not words:
+        return "fault"
+    if words[0] == "node_crash" and len(words) > 1:
+        return f"crash {words[1]}"
+    if words[0] == "link" and len(words) >= 3 and "->" in words[1]:
+        return f"link {'-'.join(sorted(words[1].split('->')))} {words[2]}"
+    if words[:2] == ["loss", "burst"] and len(words) >= 4:
+        return "loss ends" if words[3] == "ends" else f"loss {words[3]}"
+    if words[0] == "trace":
+        return "trace"
+    return " ".join(words)
+
+
+def fault_marks(faults: pd.DataFrame) -> pd.DataFrame:
+    """Where to mark faults on the training clock: one row per (job, event) with x (train_time_s),
+    text, ok, algorithm.
+
+    The harness's rows only (source "fault"). The two directions of a link event, which share a
+    label and a due time, make one mark; every `trace` row of a job makes one mark at the first,
+    labelled with the number of trace times ("trace ×12"). A failed injection says so in its text
+    and has ok False.
+    """
+    columns = ["job_id", "algorithm", "x", "text", "ok"]
+    if faults is None or not len(faults) or not {"source", "train_time_s"} <= set(faults.columns):
+        return pd.DataFrame(columns=columns)
+    rows = faults[(faults["source"] == "fault") & faults["train_time_s"].notna()]
+    if not len(rows):
+        return pd.DataFrame(columns=columns)
+    rows = rows.assign(text=rows["what"].map(fault_label), failed=rows["ok"].map(injection_failed))
+    rows = rows.assign(due=rows["due_s"].where(rows["text"] != "trace", -1.0).fillna(rows["train_time_s"]))
+    marks = []
+    for (job_id, text, _), group in rows.groupby(["job_id", "text", "due"], sort=False, dropna=False):
+        failed = int(group["failed"].sum())
+        if text == "trace":
+            times = group["due_s"].nunique() or len(group)
+            text = f"trace ×{times}" + (f" ({failed} failed)" if failed else "")
+        elif failed:
+            text = f"{text} (failed)"
+        marks.append({"job_id": job_id, "algorithm": group["algorithm"].iloc[0],
+                      "x": float(group["train_time_s"].min()), "text": text, "ok": not failed})
+    return pd.DataFrame(marks, columns=columns).sort_values("x", kind="stable").reset_index(drop=True)
+
+
+def _draw_fault_marks(axes, marks: pd.DataFrame, x_span: float) -> None:
+    """Thin dashed vertical lines (the job's colour; red when the injection failed) and one
+    rotated label per cluster of nearby marks at the top of each axes."""
+    from matplotlib.transforms import blended_transform_factory
+
+    window = FAULT_LABEL_MERGE_FRACTION * max(x_span, 1e-9)
+    clusters: list[dict] = []
+    for mark in marks.to_dict("records"):
+        if clusters and mark["x"] - clusters[-1]["last_x"] <= window:
+            cluster = clusters[-1]
+            cluster["last_x"] = mark["x"]
+        else:
+            cluster = {"x": mark["x"], "last_x": mark["x"], "texts": [], "failed": False}
+            clusters.append(cluster)
+        if mark["text"] not in cluster["texts"]:
+            cluster["texts"].append(mark["text"])
+        cluster["failed"] = cluster["failed"] or not mark["ok"]
+    for ax in axes:
+        for mark in marks.to_dict("records"):
+            ax.axvline(mark["x"], color=color_for(mark["algorithm"]) if mark["ok"] else FAILED_FAULT_COLOR,
+                       linestyle="--", linewidth=0.8, alpha=0.7, gid=FAULT_GID)
+        to_axes = blended_transform_factory(ax.transData, ax.transAxes)
+        for cluster in clusters:
+            ax.text(cluster["x"], 0.98, " / ".join(cluster["texts"]), transform=to_axes, rotation=90,
+                    ha="right", va="top", fontsize=FONT_PT, gid=FAULT_GID,
+                    color=FAILED_FAULT_COLOR if cluster["failed"] else FAULT_TEXT_COLOR)
+
+
 # --- loss and accuracy against wall-clock ---------------------------------------------------------
 
 
 def loss_accuracy_vs_time(steps: pd.DataFrame, evals: pd.DataFrame, *, title: str = "Training progress",
-                          smooth_steps: Optional[int] = None, target_accuracy: Optional[float] = None) -> Figure:
+                          smooth_steps: Optional[int] = None, target_accuracy: Optional[float] = None,
+                          faults: Optional[pd.DataFrame] = None) -> Figure:
     """Two panels against training wall-clock (s): rank 0's training loss, and test accuracy.
 
     Args:
@@ -196,6 +294,8 @@ def loss_accuracy_vs_time(steps: pd.DataFrame, evals: pd.DataFrame, *, title: st
         title: the figure title (say which run and network point).
         smooth_steps: rolling-mean window over steps for the loss (default: about 1/50 of the run).
         target_accuracy: drawn as a dotted horizontal line when given.
+        faults: fault events of the same jobs (load_run(...).faults): a dashed vertical line per
+            job and event at its `train_time_s` (see `fault_marks`), labelled at the top.
     One line per (label, seed) in each panel; seeds of a label share its style.
     """
     figure, (loss_ax, acc_ax) = _new_figure(2)
@@ -228,6 +328,11 @@ def loss_accuracy_vs_time(steps: pd.DataFrame, evals: pd.DataFrame, *, title: st
     if target_accuracy is not None:
         acc_ax.axhline(target_accuracy, color="#888888", linestyle=":", linewidth=1.2,
                        label=f"target {target_accuracy:g}", gid=REFERENCE_GID)
+    marks = fault_marks(faults)
+    if len(marks):
+        times = pd.concat([rank0["train_time_s"] if len(rank0) else pd.Series(dtype=float),
+                           evals["train_time_s"] if len(evals) else pd.Series(dtype=float), marks["x"]])
+        _draw_fault_marks([loss_ax, acc_ax], marks, float(times.max() - times.min()))
     loss_ax.set_xlabel("training wall-clock time (s)")
     loss_ax.set_ylabel("training loss (cross-entropy, nats)")
     loss_ax.set_title("Loss, rank 0" + (f", mean of {window} steps" if window > 1 else ""))

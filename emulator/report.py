@@ -4,6 +4,8 @@ Reads run directories (see emulator/run.py for the layout) with the same functio
 notebooks: `load_results` gives the combined frames, `emulator.plots` draws them, and
 `write_report` is the only place that writes files. A run without its `COMPLETE` file is flagged
 in every output and left out of the comparison figures (its curves are drawn, titled INCOMPLETE).
+Fault events (`emulator.results.load_faults`) get their own section, `faults.csv`, and dashed
+marks on the training curves.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Iterable, Optional
 import pandas as pd
 
 from . import plots
-from .results import SUMMARY_COLUMNS, load_run, summarize
+from .results import FAULT_COLUMNS, SUMMARY_COLUMNS, injection_failed, load_run, summarize
 from .schema import ConfigError
 
 # The columns the markdown table shows (all of them go to the CSV).
@@ -28,6 +30,10 @@ MARKDOWN_COLUMNS = ["network", "label", "seed", "status", "final_accuracy", "tim
 # Per run, at most this many loss/accuracy figures (one per network point); the rest are listed.
 MAX_PROGRESS_FIGURES_PER_RUN = 12
 FIGURE_FORMATS = ("png", "svg")
+# Columns of faults.csv (every row of Results.faults).
+FAULT_CSV_COLUMNS = ["run", "run_complete", *FAULT_COLUMNS]
+# In report.md, one job's ok trace rows of a link beyond this many are shown as one line.
+TRACE_ROWS_LISTED = 3
 
 
 @dataclass
@@ -48,6 +54,7 @@ class Results:
     summary: pd.DataFrame
     steps: pd.DataFrame
     evals: pd.DataFrame
+    faults: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=FAULT_CSV_COLUMNS))
 
     @property
     def incomplete(self) -> list[RunInfo]:
@@ -110,7 +117,7 @@ def _run_name(run_dir: Path) -> str:
 
 def load_results(run_dirs: Iterable) -> Results:
     """Load and summarize every run directory (ConfigError for one that is not a run directory)."""
-    runs, summaries, steps, evals = [], [], [], []
+    runs, summaries, steps, evals, faults = [], [], [], [], []
     seen: dict = {}
     for path in run_dirs:
         run_dir = check_run_dir(path)
@@ -141,11 +148,15 @@ def load_results(run_dirs: Iterable) -> Results:
             steps.append(frames.steps.assign(**extra))
         if len(frames.evals):
             evals.append(frames.evals.assign(**extra))
+        if len(frames.faults):
+            faults.append(frames.faults.assign(**extra))
     columns = ["run", "run_complete", *SUMMARY_COLUMNS, "mean_rtt_ms", "rate_bit_s"]
     summary = pd.concat(summaries, ignore_index=True) if summaries else pd.DataFrame(columns=columns)
     summary = summary[columns]
+    faults = pd.concat(faults, ignore_index=True)[FAULT_CSV_COLUMNS] if faults else \
+        pd.DataFrame(columns=FAULT_CSV_COLUMNS)
     return Results(runs, summary, pd.concat(steps, ignore_index=True) if steps else pd.DataFrame(),
-                   pd.concat(evals, ignore_index=True) if evals else pd.DataFrame())
+                   pd.concat(evals, ignore_index=True) if evals else pd.DataFrame(), faults)
 
 
 # --- markdown ---------------------------------------------------------------------------------------
@@ -186,6 +197,74 @@ def _safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "run"
 
 
+# --- fault events -----------------------------------------------------------------------------------
+
+FAULTS_INTRO = ("Fault events the harness applied (`faults.jsonl`, source `fault`) and what the trainers "
+                "recorded of them (`membership`: rank 0 saw ranks lost or joined; `rejoin`: a restarted "
+                "rank was admitted back), in time order. Time is seconds after the job's processes "
+                "started (the scenario's `at:`); training time is the x axis of the training curves, "
+                "where each fault is a dashed line; a fault's step is the last step rank 0 had finished. "
+                "Every row is in `faults.csv`.")
+
+
+def _collapse_traces(events: pd.DataFrame) -> pd.DataFrame:
+    """One job's events with each link's many ok `trace` rows shown as one row (failed ones stay)."""
+    words = events["what"].astype(str).str.split()
+    is_trace = (events["source"] == "fault") & (words.str[0] == "trace") & ~events["ok"].map(injection_failed)
+    keep = events[~is_trace]
+    collapsed = []
+    for pair, rows in events[is_trace].groupby(words[is_trace].str[1], sort=False):
+        if len(rows) <= TRACE_ROWS_LISTED:
+            collapsed.append(rows)
+            continue
+        first, last = rows.iloc[0], rows.iloc[-1]
+        span = f"{str(first['what']).split()[-1]}..{str(last['what']).split()[-1]}"
+        collapsed.append(pd.DataFrame([{**first.to_dict(), "what": f"trace {pair} ×{len(rows)} ({span})",
+                                        "effect": f"first: {first['effect']}; last: {last['effect']}"}]))
+    if not collapsed:
+        return events
+    out = pd.concat([keep, *collapsed], ignore_index=True)
+    return out.sort_values("time_s", kind="stable")
+
+
+def _fault_cells(row: dict) -> list[str]:
+    def number(value, digits: int) -> str:
+        return "-" if value is None or pd.isna(value) else f"{float(value):.{digits}f}"
+
+    def text(value) -> str:
+        return "-" if value is None or (isinstance(value, float) and pd.isna(value)) or value == "" else \
+            str(value).replace("|", "\\|").replace("\n", " ")
+
+    ok = row.get("ok")
+    if injection_failed(ok):
+        ok_cell = "**FAILED**"
+    else:
+        ok_cell = "-" if ok is None or pd.isna(ok) else "yes"
+    step = row.get("step")
+    return [number(row.get("time_s"), 2), number(row.get("train_time_s"), 2),
+            "-" if step is None or pd.isna(step) else str(int(step)), text(row.get("source")),
+            text(row.get("what")), text(row.get("effect")), ok_cell]
+
+
+def faults_markdown(faults: pd.DataFrame) -> list[str]:
+    """Markdown lines for one run's fault events: per job a heading and a table in time order
+    (time, training time, step, source, event, effect, ok); a failed injection reads **FAILED**."""
+    lines = []
+    for job_id, events in faults.groupby("job_id", sort=True):
+        events = events.sort_values("time_s", kind="stable")
+        first = events.iloc[0]
+        lines += [f"#### `{first['label']}` seed {first['seed']} at {first['network'] or '?'} (`{job_id}`)", ""]
+        failed = events[(events["source"] == "fault") & events["ok"].map(injection_failed)]
+        if len(failed):
+            lines += [f"**{len(failed)} fault injection(s) FAILED**: "
+                      + "; ".join(f"{r['what']} ({r['effect']})" for r in failed.to_dict("records")), ""]
+        lines += ["| time (s) | training time (s) | step | source | event | effect | ok |",
+                  "|---:|---:|---:|---|---|---|---|"]
+        lines += ["| " + " | ".join(_fault_cells(row)) + " |" for row in _collapse_traces(events).to_dict("records")]
+        lines.append("")
+    return lines
+
+
 # --- the report --------------------------------------------------------------------------------------
 
 
@@ -198,6 +277,8 @@ class ReportOutcome:
     figures: list[Path]          # every PNG and SVG written
     incomplete: list[RunInfo]
     skipped_figures: dict        # figure name -> why it was not drawn
+    faults_csv: Optional[Path] = None                    # every run's fault events (header only if none)
+    run_faults_csvs: list[Path] = field(default_factory=list)
 
 
 def _comparison_figures(results: Results) -> tuple[dict, dict]:
@@ -241,6 +322,7 @@ def _progress_figures(results: Results) -> tuple[list, list[str]]:
     for run in results.runs:
         steps = results.steps[results.steps["run"] == run.name] if len(results.steps) else results.steps
         evals = results.evals[results.evals["run"] == run.name] if len(results.evals) else results.evals
+        faults = results.faults[results.faults["run"] == run.name]
         networks = set(steps["network"]) if len(steps) else set()
         networks = sorted(networks | (set(evals["network"]) if len(evals) else set()))
         if len(networks) > MAX_PROGRESS_FIGURES_PER_RUN:
@@ -254,7 +336,8 @@ def _progress_figures(results: Results) -> tuple[list, list[str]]:
             figure = plots.loss_accuracy_vs_time(
                 steps[steps["network"] == network] if len(steps) else steps,
                 evals[evals["network"] == network] if len(evals) else evals, title=title,
-                target_accuracy=run.target_accuracy)
+                target_accuracy=run.target_accuracy,
+                faults=faults[faults["network"] == network] if len(faults) else faults)
             made.append((run, network, title, figure))
     return made, notes
 
@@ -281,7 +364,8 @@ def _environment_lines(run: RunInfo) -> str:
 
 
 def write_report(run_dirs: Iterable, out_dir) -> ReportOutcome:
-    """Write report.md, summary.csv (combined and per run) and every figure (PNG + SVG) to out_dir."""
+    """Write report.md, summary.csv and faults.csv (combined and per run) and every figure
+    (PNG + SVG) to out_dir."""
     results = load_results(run_dirs)
     out = Path(out_dir)
     figures_dir = out / "figures"
@@ -289,13 +373,18 @@ def write_report(run_dirs: Iterable, out_dir) -> ReportOutcome:
 
     combined_csv = out / "summary.csv"
     results.summary.to_csv(combined_csv, index=False)
-    run_csvs = []
+    faults_csv = out / "faults.csv"
+    results.faults.to_csv(faults_csv, index=False)
+    run_csvs, run_faults_csvs = [], []
     for run in results.runs:
         run_out = out / "runs" / _safe(run.name)
         run_out.mkdir(parents=True, exist_ok=True)
         path = run_out / "summary.csv"
         results.summary[results.summary["run"] == run.name].to_csv(path, index=False)
         run_csvs.append(path)
+        path = run_out / "faults.csv"
+        results.faults[results.faults["run"] == run.name].to_csv(path, index=False)
+        run_faults_csvs.append(path)
 
     written: list[Path] = []
     comparison, skipped = _comparison_figures(results)
@@ -335,6 +424,12 @@ def write_report(run_dirs: Iterable, out_dir) -> ReportOutcome:
                          f"**{row['status']}**, left out of the comparison figures")
         if len(bad):
             lines.append("")
+    if len(results.faults):
+        lines += ["## Faults", "", FAULTS_INTRO, ""]
+        for run in results.runs:
+            events = results.faults[results.faults["run"] == run.name]
+            if len(events):
+                lines += [f"### {run.name}", "", *faults_markdown(events)]
     lines += ["## Comparison figures", ""]
     if results.incomplete:
         lines += ["Drawn from complete runs only.", ""]
@@ -346,6 +441,9 @@ def write_report(run_dirs: Iterable, out_dir) -> ReportOutcome:
     if skipped:
         lines.append("")
     lines += ["## Training curves", ""]
+    if (results.faults["source"] == "fault").any():
+        lines += ["Dashed vertical lines mark fault events in the colour of the job they hit (red: an "
+                  "injection that failed); the Faults section lists them.", ""]
     for note in progress_notes:
         lines += [f"- {note}", ""]
     for run, title, png in progress_files:
@@ -354,7 +452,8 @@ def write_report(run_dirs: Iterable, out_dir) -> ReportOutcome:
         lines += ["No step or eval records in any run.", ""]
     markdown = out / "report.md"
     markdown.write_text("\n".join(lines))
-    return ReportOutcome(out, markdown, combined_csv, run_csvs, written, results.incomplete, skipped)
+    return ReportOutcome(out, markdown, combined_csv, run_csvs, written, results.incomplete, skipped,
+                         faults_csv, run_faults_csvs)
 
 
 def default_out_dir(run_dirs: list) -> Path:

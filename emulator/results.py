@@ -1,14 +1,19 @@
 """Results tables: per-rank JSONL records of a run directory -> pandas DataFrames -> summary.csv.
 
-`load_run(run_dir)` gives tidy frames (one row per step / eval record, with job columns);
-`summarize(run_dir)` gives one row per job with the comparison against `sync` at the same network
-point and seed. Pure functions of files: the plots and notebooks use the same frames.
+`load_run(run_dir)` gives tidy frames (one row per step / eval record, with job columns, and one
+row per fault event: see `load_faults`); `summarize(run_dir)` gives one row per job with the
+comparison against `sync` at the same network point and seed. Pure functions of files: the plots
+and notebooks use the same frames.
+
+Two clocks. `train_time_s` (steps, evals, and fault events for the figures) counts from the moment
+a rank began its first step. A fault event's `time_s` counts from the moment the harness started
+the job's processes, the zero of a scenario's `faults: at:` times (see `load_faults`).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -22,6 +27,15 @@ SUMMARY_COLUMNS = [
 ]
 
 
+# One row per fault event or its effect on the job's membership (see load_faults).
+FAULT_COLUMNS = [
+    "job_id", "label", "algorithm", "seed", "network", "time_s", "train_time_s", "step", "source",
+    "what", "effect", "ok", "rank", "due_s", "time_unix",
+]
+# Ordering of events at the same time: the cause before what the trainers saw of it.
+_SOURCE_ORDER = {"fault": 0, "membership": 1, "rejoin": 2}
+
+
 @dataclass
 class RunFrames:
     jobs: pd.DataFrame    # one row per job (job.json + config)
@@ -29,6 +43,7 @@ class RunFrames:
     evals: pd.DataFrame   # one row per eval record (rank 0)
     target_accuracy: Optional[float]
     complete: bool
+    faults: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=FAULT_COLUMNS))
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -41,8 +56,56 @@ def _read_jsonl(path: Path) -> list[dict]:
             try:
                 rows.append(json.loads(line))
             except ValueError:
-                break  # a torn last line of a crashed rank: keep what came before it
+                # A torn line of a crashed rank: skip it and keep the rest (a restarted rank
+                # appends its records after it).
+                continue
     return rows
+
+
+def _writer_offsets(records: list[dict]) -> list[float]:
+    """Per record, the seconds to add to its `time_s` to put it on the file's first writer's clock.
+
+    A restarted rank's records follow the crashed process's in the same file, on a clock that
+    starts again at 0 (a new writer: a second `start` record, or time going back). Each later
+    writer is shifted by the difference of the writers' wall-clock origins (time_unix - time_s).
+    """
+    offsets, offset, origin, last = [], 0.0, None, None
+    for record in records:
+        time_s, time_unix = record.get("time_s"), record.get("time_unix")
+        if time_s is not None and time_unix is not None:
+            if origin is None:
+                origin = time_unix - time_s
+            elif record.get("kind") == "start" or (last is not None and time_s < last):
+                offset = (time_unix - time_s) - origin
+            last = time_s
+        offsets.append(offset)
+    return offsets
+
+
+def _writer_origin_unix(records: list[dict]) -> Optional[float]:
+    """Wall-clock time (s since the epoch) at which the file's first writer was created."""
+    return next((r["time_unix"] - r["time_s"] for r in records
+                 if r.get("time_s") is not None and r.get("time_unix") is not None), None)
+
+
+def _train_start_s(records: list[dict], offsets: list[float]) -> float:
+    """The `time_s` (first writer's clock) that is training time 0 for this rank."""
+    # Time zero is when this rank began its first step: process start-up (importing torch,
+    # loading data, the rendezvous) is the same for every algorithm and is not training.
+    for record, offset in zip(records, offsets):
+        if record.get("kind") == "step":
+            return record["time_s"] + offset - (record.get("step_s") or 0.0)
+    return next((r["time_s"] + o for r, o in zip(records, offsets) if r.get("kind") == "start"), 0.0)
+
+
+@dataclass
+class _JobClock:
+    """What the fault events of one job need from its rank files."""
+
+    records: dict            # rank -> records of rank<rank>.jsonl
+    writers_start_unix: Optional[float] = None   # the earliest rank writer's creation
+    rank0_train_zero_unix: Optional[float] = None  # rank 0's training time 0, wall clock
+    rank0_steps: Optional[pd.DataFrame] = None     # rank 0's step and train_time_s
 
 
 def load_run(run_dir) -> RunFrames:
@@ -50,7 +113,7 @@ def load_run(run_dir) -> RunFrames:
     run_dir = Path(run_dir)
     scenario = json.loads((run_dir / "scenario.json").read_text())
     target = (scenario.get("spec", {}).get("stop") or {}).get("target_accuracy")
-    jobs, steps, evals = [], [], []
+    jobs, steps, evals, faults = [], [], [], []
     for job_dir in sorted((run_dir / "jobs").glob("*")) if (run_dir / "jobs").is_dir() else []:
         info_path = job_dir / "job.json"
         info = json.loads(info_path.read_text()) if info_path.exists() else {"status": "incomplete"}
@@ -62,27 +125,136 @@ def load_run(run_dir) -> RunFrames:
         base["network"] = info.get("network_key", "")
         jobs.append({**base, "status": info.get("status"), "wall_s": info.get("wall_s"),
                      "reason": info.get("reason", "")})
+        clock = _JobClock(records={})
         for rank_file in sorted(job_dir.glob("rank*.jsonl")):
             records = _read_jsonl(rank_file)
-            # Time zero is when this rank began its first step: process start-up (importing torch,
-            # loading data, the rendezvous) is the same for every algorithm and is not training.
-            first = next((r for r in records if r.get("kind") == "step"), None)
-            if first is not None:
-                start = first["time_s"] - (first.get("step_s") or 0.0)
-            else:
-                start = next((r["time_s"] for r in records if r.get("kind") == "start"), 0.0)
-            for record in records:
+            offsets = _writer_offsets(records)
+            start = _train_start_s(records, offsets)
+            origin = _writer_origin_unix(records)
+            rank_rows = []
+            for record, offset in zip(records, offsets):
                 kind = record.get("kind")
                 # Evaluation stays in: it is the same protocol for every algorithm, and its
                 # communication (averaging a deployable model) overlaps the algorithm's own, so
                 # subtracting it would credit an algorithm with the evaluation's network time.
-                row = {**base, **record, "train_time_s": record.get("time_s", 0.0) - start}
+                # Other kinds (start, status, membership, rejoin, ...) are not steps or evals.
+                row = {**base, **record, "train_time_s": record.get("time_s", 0.0) + offset - start}
                 if kind == "step":
                     steps.append(row)
+                    rank_rows.append(row)
                 elif kind == "eval":
                     evals.append(row)
+            rank = records[0].get("rank") if records else None
+            clock.records[rank] = records
+            if origin is not None:
+                earliest = clock.writers_start_unix
+                clock.writers_start_unix = origin if earliest is None else min(origin, earliest)
+                if rank == 0:
+                    clock.rank0_train_zero_unix = origin + start
+                    clock.rank0_steps = pd.DataFrame(rank_rows, columns=["step", "train_time_s"])
+        faults += _job_faults(job_dir, base, clock)
     return RunFrames(pd.DataFrame(jobs), pd.DataFrame(steps), pd.DataFrame(evals), target,
-                     (run_dir / "COMPLETE").exists())
+                     (run_dir / "COMPLETE").exists(), _faults_frame(faults))
+
+
+def _membership_text(record: dict) -> tuple[str, str]:
+    """(what, effect) of a trainer's membership record: who was lost or joined, who is live."""
+
+    def ranks(values) -> str:
+        values = list(values or [])
+        return ("rank " if len(values) == 1 else "ranks ") + ", ".join(str(v) for v in values)
+
+    parts = [f"{ranks(record.get('lost'))} lost"] if record.get("lost") else []
+    parts += [f"{ranks(record.get('joined'))} joined"] if record.get("joined") else []
+    live = record.get("live")
+    effect = "live: " + (", ".join(str(v) for v in live) if live else "none") if live is not None else ""
+    return ("; ".join(parts) or "membership unchanged"), effect
+
+
+def _job_faults(job_dir: Path, base: dict, clock: _JobClock) -> list[dict]:
+    """The fault events of one job (faults.jsonl) and the trainers' records of their effect.
+
+    `time_s` counts from the job's start: the harness's own zero for `faults.jsonl`
+    (`time_unix - applied_s`, the smallest over its rows, is that zero on the wall clock), or,
+    without a `faults.jsonl`, the earliest rank writer's creation (a rank's first record's
+    `time_unix - time_s`: about the process start plus Python's imports). Trainer records are
+    placed by their `time_unix` against that zero. `train_time_s` is the same moment on rank 0's
+    training clock (the x axis of the training curves). A fault's `step` is the last step rank 0
+    had finished by then; a membership or rejoin record carries its own.
+    """
+    path = job_dir / "faults.jsonl"
+    harness = [r for r in _read_jsonl(path) if r.get("kind") == "fault"] if path.is_file() else []
+    zeros = [r["time_unix"] - r["applied_s"] for r in harness
+             if r.get("time_unix") is not None and r.get("applied_s") is not None]
+    job_start_unix = min(zeros) if zeros else clock.writers_start_unix
+    to_train = (None if job_start_unix is None or clock.rank0_train_zero_unix is None
+                else job_start_unix - clock.rank0_train_zero_unix)
+    job = {key: base.get(key) for key in ("job_id", "label", "algorithm", "seed", "network")}
+    rows = []
+    for record in harness:
+        time_s = record.get("applied_s", record.get("due_s"))
+        rows.append({**job, "time_s": time_s, "source": "fault", "what": record.get("what", ""),
+                     "effect": record.get("effect", ""), "ok": record.get("ok"), "rank": None,
+                     "due_s": record.get("due_s"), "time_unix": record.get("time_unix")})
+    for rank, records in sorted(clock.records.items(), key=lambda item: str(item[0])):
+        for record in records:
+            kind = record.get("kind")
+            if kind not in ("membership", "rejoin") or job_start_unix is None or record.get("time_unix") is None:
+                continue
+            if kind == "membership":
+                what, effect = _membership_text(record)
+            else:
+                what = f"rank {record.get('rank', rank)} rejoined"
+                effect = f"admitted after {record.get('restarts', '?')} restart(s)"
+                if record.get("live") is not None:
+                    effect += "; live: " + ", ".join(str(v) for v in record["live"])
+            rows.append({**job, "time_s": record["time_unix"] - job_start_unix, "source": kind,
+                         "what": what, "effect": effect, "ok": None, "rank": record.get("rank", rank),
+                         "step": record.get("step"), "due_s": None, "time_unix": record["time_unix"]})
+    for row in rows:
+        row["train_time_s"] = None if to_train is None or row["time_s"] is None else row["time_s"] + to_train
+        if row["source"] == "fault":
+            row["step"] = _last_step_by(clock.rank0_steps, row["train_time_s"])
+    return rows
+
+
+def _last_step_by(rank0_steps: Optional[pd.DataFrame], train_time_s: Optional[float]) -> Optional[int]:
+    """The highest step rank 0 had finished at `train_time_s` (None before its first)."""
+    if rank0_steps is None or not len(rank0_steps) or train_time_s is None:
+        return None
+    done = rank0_steps[rank0_steps["train_time_s"] <= train_time_s + 1e-9]
+    return int(done["step"].max()) if len(done) else None
+
+
+def _faults_frame(rows: list[dict]) -> pd.DataFrame:
+    """Rows of `_job_faults` as a frame in FAULT_COLUMNS order, each job's events in time order."""
+    frame = pd.DataFrame(rows, columns=FAULT_COLUMNS)
+    if not len(frame):
+        return frame
+    for column in ("time_s", "train_time_s"):  # differences of wall-clock times: microseconds are all there is
+        frame[column] = frame[column].astype(float).round(6)
+    frame["step"] = frame["step"].astype("Int64")
+    frame["rank"] = frame["rank"].astype("Int64")
+    order = frame["source"].map(_SOURCE_ORDER).fillna(len(_SOURCE_ORDER))
+    frame = frame.assign(_order=order).sort_values(["job_id", "time_s", "_order"], kind="stable")
+    return frame.drop(columns="_order").reset_index(drop=True)
+
+
+def injection_failed(ok) -> bool:
+    """True for a fault row whose injection failed (`ok` False); False for ok or empty (trainer rows)."""
+    return ok is not None and not pd.isna(ok) and not bool(ok)
+
+
+def load_faults(run_dir) -> pd.DataFrame:
+    """Every job's fault events (its `faults.jsonl`) and the trainers' membership and rejoin
+    records, one row each, in time order per job (columns: FAULT_COLUMNS; see `_job_faults`).
+
+    source: "fault" (the harness applied it: `what`, `effect`, `ok`, `due_s`), "membership"
+    (rank 0 saw the set of live ranks change: `what` names who was lost or joined, `effect` the
+    live ranks) or "rejoin" (a restarted rank was admitted back). `ok` is False for an injection
+    that failed (its `effect` is the error) and empty for trainer records.
+    """
+    return load_run(run_dir).faults
 
 
 def summarize(run_dir, target_accuracy: Optional[float] = None) -> pd.DataFrame:
