@@ -54,6 +54,18 @@ class CommStats:
         return self.bytes_sent, self.bytes_recv, self.blocked_s
 
 
+class PeerLost(ConnectionError):
+    """A peer crashed, left, or was dropped from the membership; ``rank`` says which.
+
+    Only elastic backends (``Comm.elastic``) raise it; crash-tolerant algorithms catch it and go
+    on without that peer.
+    """
+
+    def __init__(self, rank: int, why: str):
+        super().__init__(f"rank {rank} {why}")
+        self.rank = rank
+
+
 class Work:
     """Handle of an asynchronous operation. ``wait()`` blocks, is accounted, and returns the result.
 
@@ -117,10 +129,23 @@ class Comm(ABC):
         world_size: number of ranks.
     """
 
+    # True for a backend that survives a peer's crash (raises PeerLost, admits restarted ranks).
+    elastic = False
+
     def __init__(self, rank: int, world_size: int):
         self.rank = rank
         self.world_size = world_size
         self.stats = CommStats()
+
+    # -- membership (fixed for a non-elastic backend) -------------------------------------------
+
+    def live_ranks(self) -> list[int]:
+        """Ranks taking part now, this one included, in order."""
+        return list(range(self.world_size))
+
+    def is_live(self, rank: int) -> bool:
+        """Whether ``rank`` takes part now (exchanges with it can be started)."""
+        return 0 <= rank < self.world_size
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -168,9 +193,14 @@ class Comm(ABC):
         """
         return self._run("irecv", 0, _nbytes(tensor), True, lambda: self._irecv_any(tensor))
 
-    def recv_any(self, tensor: torch.Tensor) -> int:
-        """Receive into ``tensor`` from whichever rank sends first; blocks; returns the sender's rank."""
-        return self._run("recv", 0, _nbytes(tensor), True, lambda: self._irecv_any(tensor)).wait()
+    def recv_any(self, tensor: torch.Tensor, sources: Optional[list[int]] = None) -> int:
+        """Receive into ``tensor`` from whichever rank sends first; blocks; returns the sender's rank.
+
+        ``sources``: the ranks expected to send. An elastic backend waits only for them and raises
+        :class:`PeerLost` when one of them is gone with nothing left to deliver; other backends
+        receive from any rank.
+        """
+        return self._run("recv", 0, _nbytes(tensor), True, lambda: self._irecv_any(tensor, sources)).wait()
 
     def ring_all_reduce(self, tensor: torch.Tensor, op: ReduceOp = "sum") -> torch.Tensor:
         """Reduce ``tensor`` over all ranks in place with a ring of isend/irecv; blocks; returns it.
@@ -248,7 +278,7 @@ class Comm(ABC):
     @abstractmethod
     def _barrier(self) -> tuple[Callable, Callable]: ...
 
-    def _irecv_any(self, tensor: torch.Tensor) -> tuple[Callable, Callable]:
+    def _irecv_any(self, tensor: torch.Tensor, sources=None) -> tuple[Callable, Callable]:
         """Receive from any source; the wait function returns the sender's rank. Optional for backends."""
         raise NotImplementedError(f"{type(self).__name__} cannot receive from any source (recv_any/irecv_any)")
 
@@ -381,7 +411,7 @@ class TorchComm(Comm):
         work = self._dist.irecv(payload, src=src)
         return self._finish(work, copy_back, tensor)
 
-    def _irecv_any(self, tensor):
+    def _irecv_any(self, tensor, sources=None):
         payload, copy_back = self._staged(tensor)
         work = self._dist.irecv(payload, src=None)  # src None: any source (gloo; nccl cannot)
 

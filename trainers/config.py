@@ -266,9 +266,11 @@ class AlgorithmConfig:
 
 @dataclass
 class CommConfig:
-    """Communication backend. gloo works for CPU and CUDA tensors (staged via CPU); nccl needs CUDA."""
+    """Communication backend. gloo works for CPU and CUDA tensors (staged via CPU); nccl needs CUDA;
+    tcp (trainers/comm_tcp.py) survives a peer's crash and admits restarted ranks, for the
+    crash-tolerant algorithms only."""
 
-    backend: Literal["gloo", "nccl"] = "gloo"
+    backend: Literal["gloo", "nccl", "tcp"] = "gloo"
     timeout_s: float = 300.0
 
     def __post_init__(self) -> None:

@@ -19,16 +19,17 @@ class RecordWriter:
     Args:
         directory: output directory (created if missing).
         rank: global rank of this process.
+        append: add to an existing file (a restarted rank) instead of starting it afresh.
     """
 
-    def __init__(self, directory: str | Path, rank: int):
+    def __init__(self, directory: str | Path, rank: int, append: bool = False):
         self.path = Path(directory) / f"rank{rank}.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.rank = rank
         self.start_unix = time.time()
         self._start_monotonic = time.monotonic()
         # Line buffering plus an explicit flush: each record reaches the OS before write() returns.
-        self._file = open(self.path, "w", buffering=1)
+        self._file = open(self.path, "a" if append else "w", buffering=1)
 
     def write(self, kind: str, **fields: Any) -> dict:
         """Write one record of ``kind`` with ``fields``; returns the record as written."""

@@ -6,6 +6,7 @@ MASTER_ADDR, MASTER_PORT, LOCAL_RANK). Without them the run is a single process 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import platform
@@ -18,9 +19,9 @@ from typing import MutableMapping, Optional
 
 import torch
 
-from trainers.algorithms import AlgorithmContext, get_algorithm
-from trainers.comm import TorchComm
-from trainers.config import Config, from_dict, to_dict
+from trainers.algorithms import ALGORITHMS, AlgorithmContext, get_algorithm
+from trainers.comm import Comm, PeerLost, TorchComm
+from trainers.config import Config, ConfigError, from_dict, to_dict
 from trainers.datasets import BatchSampler, load_dataset, shard_indices
 from trainers.launch import free_port
 from trainers.models import build_model
@@ -49,16 +50,18 @@ def run(config: Config) -> RunResult:
     ensure_single_process_env(os.environ)
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     output_dir = Path(config.output_dir)
-    writer = RecordWriter(output_dir, rank)
+    writer = RecordWriter(output_dir, rank, append=restarts > 0)  # a restarted rank adds to its records
     comm = None
     try:
         if rank == 0:
             (output_dir / "config.json").write_text(json.dumps(to_dict(config), indent=2) + "\n")
         device = _device(config)
-        comm = TorchComm(config.comm.backend, config.comm.timeout_s, device)
+        comm = _make_comm(config, device)
         writer.write(
             "start",
+            restarts=restarts,
             world_size=world_size,
             algorithm=config.algorithm.name,
             model=config.model.name,
@@ -84,6 +87,20 @@ def run(config: Config) -> RunResult:
         writer.close()
         if comm is not None:
             comm.shutdown()
+
+
+def _make_comm(config: Config, device: torch.device) -> Comm:
+    """The configured communication layer; tcp only for algorithms that tolerate a crash."""
+    if config.comm.backend != "tcp":
+        return TorchComm(config.comm.backend, config.comm.timeout_s, device)
+    algorithm_cls = get_algorithm(config.algorithm.name)
+    if not algorithm_cls.tolerates_crash:
+        tolerant = sorted(name for name, cls in ALGORITHMS.items() if cls.tolerates_crash)
+        raise ConfigError("comm.backend", f"tcp is for the crash-tolerant algorithms {tolerant}; "
+                          f"{config.algorithm.name} needs every rank in every collective (use gloo or nccl)")
+    from trainers.comm_tcp import TcpComm
+
+    return TcpComm(config.comm.timeout_s, device)
 
 
 def _device(config: Config) -> torch.device:
@@ -112,14 +129,24 @@ def _train(config: Config, comm: TorchComm, writer: RecordWriter, device: torch.
         model=model, comm=comm, loss_fn=loss_fn, optimizer=config.optimizer, lr=config.lr, device=device
     )
     algorithm = algorithm_cls(params, context)
-    algorithm.setup()
+    membership = _Membership(comm, writer)
+    first_step = 0
+    if comm.elastic and comm.generation > 0:
+        algorithm.rejoining = True
+        algorithm.setup()
+        admitted_at = membership.await_admission(algorithm)
+        if admitted_at is None:
+            return RunResult(steps=0, stop_reason="ended_before_rejoin", final_accuracy=None)
+        first_step = admitted_at + 1
+    else:
+        algorithm.setup()
 
     bytes_sent_total = bytes_recv_total = 0
     stop_reason = "steps"
     final_accuracy: Optional[float] = None
     start = time.monotonic()
-    step = 0
-    for step in range(config.steps):
+    step = first_step
+    for step in range(first_step, config.steps):
         lr = lr_at(step, config.lr, config.lr_schedule, config.steps)
         algorithm.set_lr(lr)
         indices = sampler.next_indices()
@@ -153,7 +180,8 @@ def _train(config: Config, comm: TorchComm, writer: RecordWriter, device: torch.
             staleness=result.staleness,
         )
         if (step + 1) % config.eval_every == 0 or last:
-            final_accuracy, stop = _evaluate_and_decide(config, algorithm, comm, writer, data, device, step, start)
+            final_accuracy, stop = _evaluate_and_decide(config, algorithm, comm, writer, data, device, step, start,
+                                                        membership)
             if stop is not None:
                 stop_reason = stop
                 if not last:
@@ -164,12 +192,14 @@ def _train(config: Config, comm: TorchComm, writer: RecordWriter, device: torch.
     return RunResult(steps=step + 1, stop_reason=stop_reason, final_accuracy=final_accuracy)
 
 
-def _evaluate_and_decide(config, algorithm, comm, writer, data, device, step, start) -> tuple[Optional[float], Optional[str]]:
+def _evaluate_and_decide(config, algorithm, comm, writer, data, device, step, start,
+                         membership: "_Membership") -> tuple[Optional[float], Optional[str]]:
     """Evaluate the deployable model (rank 0 writes the eval record) and agree on stopping.
 
     All ranks call ``deployable_model()`` (it may communicate); rank 0 evaluates, decides whether
     the target accuracy or time budget is reached, and broadcasts the decision so every rank stops
-    at the same step. Traffic here is reported in the eval record, not in step records.
+    at the same step. On an elastic comm that message also carries the membership (every time).
+    Traffic here is reported in the eval record, not in step records.
     """
     sent_0, recv_0, _ = comm.stats.snapshot()
     eval_start = time.perf_counter()
@@ -182,7 +212,9 @@ def _evaluate_and_decide(config, algorithm, comm, writer, data, device, step, st
             stop_code = 1
         elif config.time_budget_s is not None and time.monotonic() - start >= config.time_budget_s:
             stop_code = 2
-    if config.target_accuracy is not None or config.time_budget_s is not None:
+    if comm.elastic:
+        stop_code = membership.agree(algorithm, deployable, step, stop_code)
+    elif config.target_accuracy is not None or config.time_budget_s is not None:
         flag = torch.tensor([stop_code], dtype=torch.int64, device=device)
         comm.broadcast(flag, src=0)
         stop_code = int(flag.item())
@@ -198,3 +230,82 @@ def _evaluate_and_decide(config, algorithm, comm, writer, data, device, step, st
             eval_bytes_recv=recv_1 - recv_0,
         )
     return accuracy, {0: None, 1: "target_accuracy", 2: "time_budget"}[stop_code]
+
+
+class _Membership:
+    """Which ranks take part, agreed at evaluation points on an elastic comm (see comm_tcp).
+
+    Rank 0 (the coordinator) sends every live rank one message per evaluation point: the stop
+    decision, the step, and one flag per rank (1: live). Restarted ranks waiting to join are
+    admitted in it and also get the algorithm's rejoin state. Rank 0 writes a ``membership``
+    record whenever the set changes; an admitted rank writes a ``rejoin`` record.
+    """
+
+    def __init__(self, comm: Comm, writer: RecordWriter):
+        self.comm = comm
+        self.writer = writer
+        self.live = set(range(comm.world_size))
+
+    def agree(self, algorithm, deployable, step: int, stop_code: int) -> int:
+        comm = self.comm
+        if comm.rank == 0:
+            joining = comm.joining_ranks()
+            live = set(comm.live_ranks()) | set(joining)
+            message = self._message(stop_code, step, live)
+            payload = _pack(algorithm.rejoin_state(deployable)) if joining else None
+            for rank in sorted(live - {0}):
+                try:
+                    comm.send_admission(message, rank) if rank in joining else comm.send(message, rank)
+                    if rank in joining:
+                        comm.send_admission(torch.tensor([payload.numel()], dtype=torch.int64), rank)
+                        comm.send_admission(payload, rank)
+                except PeerLost:
+                    live.discard(rank)
+        else:
+            message = self._message(0, 0, set())
+            comm.recv(message, 0)
+            stop_code, live = int(message[0]), {r for r in range(comm.world_size) if message[2 + r]}
+        self._apply(algorithm, step, live)
+        return stop_code
+
+    def await_admission(self, algorithm) -> Optional[int]:
+        """On a restarted rank: wait (until rank 0 ends) to be admitted; returns the step it was
+        admitted at, or None if the job ended first."""
+        message = self._message(0, 0, set())
+        while True:
+            try:
+                self.comm.recv(message, 0)
+                break
+            except TimeoutError:
+                continue  # the next evaluation point may be far off
+            except PeerLost:
+                return None
+        step, live = int(message[1]), {r for r in range(self.comm.world_size) if message[2 + r]}
+        size = torch.zeros(1, dtype=torch.int64)
+        self.comm.recv(size, 0)
+        payload = torch.empty(int(size), dtype=torch.uint8)
+        self.comm.recv(payload, 0)
+        algorithm.load_rejoin_state(torch.load(io.BytesIO(payload.numpy().tobytes()), weights_only=False), step)
+        self.live = set()
+        self._apply(algorithm, step, live)
+        self.writer.write("rejoin", step=step, restarts=self.comm.generation, live=sorted(live))
+        return step
+
+    def _message(self, stop_code: int, step: int, live: set) -> torch.Tensor:
+        flags = [int(r in live) for r in range(self.comm.world_size)]
+        return torch.tensor([stop_code, step] + flags, dtype=torch.int64)
+
+    def _apply(self, algorithm, step: int, live: set) -> None:
+        joined, lost = sorted(live - self.live), sorted(self.live - live)
+        self.comm.set_membership(live)
+        self.live = live
+        if joined or lost:
+            algorithm.on_membership(step, sorted(live), joined, lost)
+            if self.comm.rank == 0:
+                self.writer.write("membership", step=step, live=sorted(live), joined=joined, lost=lost)
+
+
+def _pack(state: dict) -> torch.Tensor:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)

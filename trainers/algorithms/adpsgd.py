@@ -46,9 +46,9 @@ class ADPSGD(GossipAlgorithm):
         local = self.flat_parameters()
         received, works = self.start_exchange([partner], local)
         loss = self.forward_backward(batch)
-        for work in works:
-            work.wait()
-        self.load_flat_parameters(local.add_(received[partner]).mul_(0.5))
+        received = self.wait_exchange(received, works)
+        if partner in received:  # else the partner is gone: a purely local step
+            self.load_flat_parameters(local.add_(received[partner]).mul_(0.5))
         self.optimizer.step()
         return StepResult(loss=loss, staleness=0)
 

@@ -44,6 +44,7 @@ class AsyncPS(ParameterServerAlgorithm):
 
     name = "async_ps"
     Params = AsyncPSParams
+    tolerates_crash = True
 
     def __init__(self, params: AsyncPSParams, ctx: AlgorithmContext):
         super().__init__(params, ctx)

@@ -75,6 +75,10 @@ class Algorithm(ABC):
     # False where communication happens inside a library we cannot time (torch DDP); the runner
     # then records comm_blocked_s as null rather than a misleading 0.
     measures_blocked_time: ClassVar[bool] = True
+    # True where the algorithm goes on without a crashed peer and takes a restarted one back, on an
+    # elastic comm (comm backend tcp). Such an algorithm treats ``PeerLost`` from an exchange as
+    # "that peer is gone" and implements the rejoin hooks below where the defaults do not fit.
+    tolerates_crash: ClassVar[bool] = False
 
     def __init__(self, params, ctx: AlgorithmContext):
         self.params = params
@@ -83,12 +87,16 @@ class Algorithm(ABC):
         self.comm = ctx.comm
         self.lr = ctx.lr
         self.optimizer = self.make_optimizer(self.model.parameters())
+        # Set by the runner on a restarted rank: setup() then skips the start-up broadcast (the
+        # others are long past it) and load_rejoin_state() brings the state instead.
+        self.rejoining = False
 
     # -- the interface the runner calls -------------------------------------------------------
 
     def setup(self) -> None:
         """Make every rank start from rank 0's model (one broadcast). Called once before step 0."""
-        self.broadcast_tensors(list(self.model.parameters()) + list(self.model.buffers()), src=0)
+        if not self.rejoining:
+            self.broadcast_tensors(list(self.model.parameters()) + list(self.model.buffers()), src=0)
 
     @abstractmethod
     def train_step(self, step: int, batch: tuple) -> StepResult:
@@ -110,6 +118,21 @@ class Algorithm(ABC):
 
     def finish(self) -> None:
         """Complete outstanding communication after the last step (called on every rank)."""
+
+    # -- crash tolerance (used only on an elastic comm, by algorithms with tolerates_crash) -------
+
+    def rejoin_state(self, deployable: nn.Module) -> dict:
+        """On rank 0, at an evaluation point: what a restarted rank needs to go on (tensors and
+        numbers, saved with torch.save). Default: the deployable model's state."""
+        return {"model": deployable.state_dict()}
+
+    def load_rejoin_state(self, state: dict, step: int) -> None:
+        """On the restarted rank, after ``setup()``: take ``state`` (from :meth:`rejoin_state`);
+        training goes on at step ``step + 1``."""
+        self.model.load_state_dict(state["model"])
+
+    def on_membership(self, step: int, live: list[int], joined: list[int], lost: list[int]) -> None:
+        """Every live rank, at the evaluation point of ``step``: the ranks now live, admitted, dropped."""
 
     # -- helpers for subclasses -------------------------------------------------------------------
 

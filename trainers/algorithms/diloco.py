@@ -6,6 +6,11 @@ section, schedule from lr_schedule); then the pseudo-gradient delta_i = theta_g 
 (pointing away from where local training went) is averaged with one all_reduce, and the outer
 optimizer takes theta_g <- theta_g - outer_lr * nesterov(mean delta), i.e. moves towards the
 replicas' mean. The replica restarts from the new theta_g; inner optimizer state persists.
+
+Crash tolerance (comm backend tcp): the average is over the replicas that reached the outer
+step; a crashed rank is left out from then on. A restarted rank gets theta_g, the outer
+momentum and the round counters from rank 0 at an evaluation point, and starts its replica from
+theta_g (its inner AdamW state starts afresh).
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ class DiLoCo(Algorithm):
 
     name = "diloco"
     Params = DiLoCoParams
+    tolerates_crash = True
 
     def __init__(self, params: DiLoCoParams, ctx: AlgorithmContext):
         super().__init__(params, ctx)
@@ -113,3 +119,12 @@ class DiLoCo(Algorithm):
     def deployable_model(self) -> nn.Module:
         """The global model theta_g (identical on every rank, no communication)."""
         return self.global_model
+
+    def rejoin_state(self, deployable: nn.Module) -> dict:
+        return {"global": self.global_model.state_dict(), "outer": self.outer_optimizer.state_dict()}
+
+    def load_rejoin_state(self, state: dict, step: int) -> None:
+        self.global_model.load_state_dict(state["global"])
+        self.outer_optimizer.load_state_dict(state["outer"])
+        self.model.load_state_dict(state["global"])
+        self.state = DiLoCoState(inner_steps=(step + 1) % self.params.H, rounds=(step + 1) // self.params.H)

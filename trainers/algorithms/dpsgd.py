@@ -61,9 +61,10 @@ class DPSGD(GossipAlgorithm):
         local = self.flat_parameters()
         received, works = self.start_exchange(list(graph[rank]), local)
         loss = self.forward_backward(batch)  # gradient at x_i while the models travel
-        for work in works:
-            work.wait()
-        mixed = local * weights[rank].item()
+        received = self.wait_exchange(received, works)
+        # A neighbour that is gone gives its weight to the local model (rows still sum to 1).
+        missing = sum(weights[peer].item() for peer in graph[rank] if peer not in received)
+        mixed = local * (weights[rank].item() + missing)
         for peer, model in received.items():
             mixed.add_(model, alpha=weights[peer].item())
         self.load_flat_parameters(mixed)

@@ -4,6 +4,11 @@ Communication graphs and partner schedules are pure functions of (world size, se
 every rank computes the same graph without talking to anyone, and tests can compute it too.
 Every replica differs; the deployable model is the mean of all replicas, computed at evaluation
 with one all_reduce (counted in the eval record, not in step records).
+
+Crash tolerance (on an elastic comm): an exchange skips peers that are not live and drops a peer
+lost during the exchange (:meth:`GossipAlgorithm.wait_exchange`); each algorithm says what a
+missing model means (D-PSGD gives its weight to the local model, AD-PSGD and SwarmSGD skip the
+average). A restarted rank starts again from the mean of the live replicas.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import torch
 from torch import nn
 
 from trainers.algorithms.base import Algorithm, AlgorithmContext, flatten, unflatten_into
-from trainers.comm import Work
+from trainers.comm import PeerLost, Work
 
 Graph = list[set[int]]  # neighbours of each rank (undirected: j in graph[i] <=> i in graph[j])
 
@@ -105,6 +110,8 @@ class GossipAlgorithm(Algorithm):
     Parameters (not buffers) are gossiped; the deployable model averages both.
     """
 
+    tolerates_crash = True
+
     def __init__(self, params, ctx: AlgorithmContext):
         super().__init__(params, ctx)
         self._params = [p for p in self.model.parameters() if p.is_floating_point()]
@@ -121,17 +128,32 @@ class GossipAlgorithm(Algorithm):
         unflatten_into(flat, self._params)
 
     def start_exchange(self, peers: list[int], payload: torch.Tensor) -> tuple[dict[int, torch.Tensor], list[Work]]:
-        """Send ``payload`` to every peer and receive one of the same shape from each, in the background.
+        """Send ``payload`` to every live peer and receive one of the same shape from each, in the background.
 
-        Returns the receive buffers by peer and the handles to wait on (valid after every wait).
+        Returns the receive buffers by peer and the handles to wait on (valid after
+        :meth:`wait_exchange`). Peers that are not live are left out.
         """
         received: dict[int, torch.Tensor] = {}
         works: list[Work] = []
         for peer in sorted(peers):
-            works.append(self.comm.isend(payload, peer))
-            received[peer] = torch.empty_like(payload)
-            works.append(self.comm.irecv(received[peer], peer))
+            if not self.comm.is_live(peer):
+                continue
+            try:
+                works.append(self.comm.isend(payload, peer))
+                received[peer] = torch.empty_like(payload)
+                works.append(self.comm.irecv(received[peer], peer))
+            except PeerLost:
+                received.pop(peer, None)
         return received, works
+
+    def wait_exchange(self, received: dict[int, torch.Tensor], works: list[Work]) -> dict[int, torch.Tensor]:
+        """Wait for an exchange; returns the models that arrived, by peer (a peer lost meanwhile is left out)."""
+        for work in works:
+            try:
+                work.wait()
+            except PeerLost as lost:
+                received.pop(lost.rank, None)
+        return received
 
     def deployable_model(self) -> nn.Module:
         """The mean of all replicas (one all_reduce, traffic counted in the eval record)."""

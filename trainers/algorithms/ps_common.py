@@ -30,6 +30,12 @@ Versions and staleness. A server's version counts the messages it applied. A wor
 carries the version of the server state it last received (``base_version``); staleness is the
 server's version when the message is applied minus that base: 0 for a lone worker that pulls
 every step, about (workers - 1) when every worker pushes once per step.
+
+Crash tolerance (comm backend tcp, for algorithms that set ``tolerates_crash``): a server stops
+waiting for a worker that is gone (its messages that arrived are still applied) and takes a
+restarted worker back at the evaluation point it is admitted at, counting its messages from
+there. A worker starts again from the servers' parameters. A server cannot be lost: its range of
+the parameters exists nowhere else, so a server crash ends the job (the workers' exchanges fail).
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ import torch
 from torch import nn
 
 from trainers.algorithms.base import Algorithm, AlgorithmContext, StepResult, flatten, unflatten_into
-from trainers.comm import Work
+from trainers.comm import PeerLost, Work
 from trainers.config import ConfigError
 
 HEADER_FIELDS = 4  # step, base_version, want_reply, loss
@@ -107,6 +113,7 @@ class ParameterServerAlgorithm(Algorithm):
         self.numel = sum(p.numel() for p in self.trainable)
         self.ranges = dict(zip(self.server_ranks, split_ranges(self.numel, len(self.server_ranks))))
         self.server_state = ServerState(handled={w: 0 for w in self.workers})
+        self.active = set(self.workers)  # workers a server waits for (all but those gone)
         self.worker_state = WorkerState(base_version={s: 0 for s in self.server_ranks})
         self.shard: Optional[torch.Tensor] = None  # this server's range of the shared state
         self._pending: list[tuple[Work, torch.Tensor]] = []  # sends in progress and their buffers
@@ -151,9 +158,7 @@ class ParameterServerAlgorithm(Algorithm):
 
     def finish(self) -> None:
         """Complete sends in progress; a server writes its range into its own model (saved by the runner)."""
-        for work, _ in self._pending:
-            work.wait()
-        self._pending = []
+        self._prune(block=True)
         if self.is_server:
             flat = flatten(self.trainable)
             start, stop = self.ranges[self.comm.rank]
@@ -172,13 +177,20 @@ class ParameterServerAlgorithm(Algorithm):
         header = torch.zeros(HEADER_FIELDS, dtype=torch.float64)
         losses: list[float] = []
         staleness: list[int] = []
-        while any(self.server_state.handled[w] < due for w in self.workers):
-            source = self.comm.recv_any(header)
-            if source not in self.server_state.handled:
-                raise RuntimeError(f"server {self.comm.rank}: unexpected message from rank {source} (not a worker)")
-            _, base_version, want_reply, loss = header.tolist()
-            payload = torch.empty(stop - start, dtype=self.shard.dtype, device=self.shard.device)
-            self.comm.recv(payload, source)
+        while True:
+            owing = [w for w in self.workers if w in self.active and self.server_state.handled[w] < due]
+            if not owing:
+                break
+            try:
+                source = self.comm.recv_any(header, sources=owing)
+                if source not in self.server_state.handled:
+                    raise RuntimeError(f"server {self.comm.rank}: unexpected message from rank {source} (not a worker)")
+                _, base_version, want_reply, loss = header.tolist()
+                payload = torch.empty(stop - start, dtype=self.shard.dtype, device=self.shard.device)
+                self.comm.recv(payload, source)
+            except PeerLost as lost:
+                self.active.discard(lost.rank)  # gone: stop waiting for it
+                continue
             age = self.server_state.version - int(base_version)
             reply = self.server_apply(payload, bool(want_reply))
             self.server_state.version += 1
@@ -228,14 +240,47 @@ class ParameterServerAlgorithm(Algorithm):
     # -- helpers --------------------------------------------------------------------------------
 
     def _send(self, tensor: torch.Tensor, dst: int) -> None:
-        self._pending.append((self.comm.isend(tensor, dst), tensor))
+        try:
+            self._pending.append((self.comm.isend(tensor, dst), tensor))
+        except PeerLost:
+            if dst in self.server_ranks:
+                raise  # a worker cannot go on without a server
+            self.active.discard(dst)
 
-    def _prune(self) -> None:
-        """Drop finished sends; waiting on them (no blocking now) raises if one failed."""
+    def _prune(self, block: bool = False) -> None:
+        """Drop finished sends (all of them, waiting, with ``block``); raises if one failed,
+        unless it went to a worker that is gone."""
         still_running = []
         for work, tensor in self._pending:
-            if work.is_completed():
-                work.wait()
+            if block or work.is_completed():
+                try:
+                    work.wait()
+                except PeerLost as lost:
+                    if lost.rank in self.server_ranks:
+                        raise
+                    self.active.discard(lost.rank)
             else:
                 still_running.append((work, tensor))
         self._pending = still_running
+
+    # -- crash tolerance ------------------------------------------------------------------------
+
+    def on_membership(self, step: int, live: list[int], joined: list[int], lost: list[int]) -> None:
+        """A server waits for admitted workers from the next step on, and no longer for lost ones."""
+        for rank in lost:
+            self.active.discard(rank)
+        for rank in joined:
+            if rank in self.server_state.handled:
+                self.active.add(rank)
+                self.server_state.handled[rank] = self.messages_due(step)
+
+    def rejoin_state(self, deployable: nn.Module) -> dict:
+        state = super().rejoin_state(deployable)
+        if self.is_server:  # rank 0 is a server: its version is the base of the state sent
+            state["versions"] = {self.comm.rank: self.server_state.version}
+        return state
+
+    def load_rejoin_state(self, state: dict, step: int) -> None:
+        super().load_rejoin_state(state, step)
+        self.worker_state.base_version.update(state.get("versions", {}))
+        self.worker_state.exchanges = self.messages_due(step)

@@ -53,11 +53,11 @@ class SwarmSGDParams:
 
 @dataclass
 class PendingAverage:
-    """An exchange in flight: partner, own decoded snapshot, receive buffer, handles, start step."""
+    """An exchange in flight: partner, own decoded snapshot, receive buffer by peer, handles, start step."""
 
     partner: int
     own_decoded: torch.Tensor
-    received: torch.Tensor
+    received: dict[int, torch.Tensor]
     works: list[Work]
     started_step: int
 
@@ -113,19 +113,21 @@ class SwarmSGD(GossipAlgorithm):
             payload = self.code.encode(snapshot)
             own_decoded = self.code.decode(payload, snapshot.numel(), snapshot.dtype)
         received, works = self.start_exchange([partner], payload)
-        self.state.pending = PendingAverage(partner, own_decoded, received[partner], works, step)
+        if partner in received:  # else the partner is gone: no average this round
+            self.state.pending = PendingAverage(partner, own_decoded, received, works, step)
 
-    def _apply_pending(self, step: int) -> int:
-        """Wait for the exchange in flight and apply it; returns its age in steps."""
+    def _apply_pending(self, step: int) -> Optional[int]:
+        """Wait for the exchange in flight and apply it; returns its age in steps (None: the partner
+        was lost, nothing applied)."""
         pending = self.state.pending
-        for work in pending.works:
-            work.wait()
-        if self.code is None:
-            theirs = pending.received
-        else:
-            theirs = self.code.decode(pending.received, pending.own_decoded.numel(), pending.own_decoded.dtype)
-        self.load_flat_parameters(self.flat_parameters().add_((theirs - pending.own_decoded).mul_(0.5)))
         self.state.pending = None
+        arrived = self.wait_exchange(pending.received, pending.works)
+        if pending.partner not in arrived:
+            return None
+        theirs = arrived[pending.partner]
+        if self.code is not None:
+            theirs = self.code.decode(theirs, pending.own_decoded.numel(), pending.own_decoded.dtype)
+        self.load_flat_parameters(self.flat_parameters().add_((theirs - pending.own_decoded).mul_(0.5)))
         return step - pending.started_step
 
     def deployable_model(self) -> nn.Module:
@@ -136,3 +138,8 @@ class SwarmSGD(GossipAlgorithm):
     def finish(self) -> None:
         if self.state.pending is not None:
             self._apply_pending(self.state.pending.started_step)
+
+    def load_rejoin_state(self, state: dict, step: int) -> None:
+        """The mean model, and the round counters every rank has after ``step`` (rounds start every H steps)."""
+        super().load_rejoin_state(state, step)
+        self.state = SwarmState(local_steps=(step + 1) % self.params.H, rounds=(step + 1) // self.params.H)

@@ -1,0 +1,547 @@
+"""`TcpComm`: the communication layer over plain TCP, one connection per pair of ranks, that
+survives a peer's crash and lets a restarted peer rejoin.
+
+Why not torch.distributed here: a gloo or NCCL group is fixed at start-up. When one rank dies,
+every later collective fails, and a restarted process cannot join the old group. Crash-tolerant
+algorithms (async PS, gossip, SwarmSGD, DiLoCo) need three things: point-to-point messages to
+each peer; an error naming a dead peer instead of a hang; and a way back in for a restarted rank.
+A connection per pair gives all three. A crashed process's sockets are closed by its kernel, so
+its peers read end-of-file: the crash is detected as soon as the FIN crosses the (emulated) WAN.
+
+Membership. Every peer is ``live``, ``joining`` or ``gone``:
+
+* At start-up every rank says hello to rank 0, which listens at MASTER_ADDR:MASTER_PORT, with the
+  address it listens at; rank 0 hands out the table, and every rank connects to every lower rank.
+  Everyone is ``live`` once all connections are up. (Not torch's TCPStore: measured, its server
+  in a training rank stopped answering new clients, so a restarted rank could not rejoin.)
+* A connection that ends without a goodbye marks that peer ``gone`` (crashed). Sends to it and
+  receives from it raise :class:`PeerLost` (messages that arrived before the crash are still
+  delivered, in order).
+* A restarted rank (TORCHELASTIC_RESTART_COUNT > 0, as torchrun sets it) connects to every
+  reachable peer with its new generation number. Its peers see it as ``joining`` and ignore it
+  until the coordinator (rank 0) admits it: :meth:`set_membership`, called on every rank at the
+  same step (the runner does it at evaluation points). Rank 0 is the coordinator and cannot be
+  lost; every rank's job ends if it is.
+
+Collectives run as a star through rank 0 over the live ranks: ``all_reduce`` sends each tensor to
+rank 0, which combines those that arrived (a rank lost meanwhile is left out and ``avg`` divides by
+the ranks that took part) and sends the result back. On 4 ranks the star moves as many bytes per
+non-coordinator rank as a ring (1 tensor each way vs 2(n-1)/n = 1.5). Accounting: every
+collective is made of the sends and receives it is accounted as.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import os
+import queue
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+from trainers.comm import Comm, PeerLost, ReduceOp, Work, _max_, _min_, _nbytes
+
+MAGIC = b"WBT1"
+# magic, frame kind, generation (HELLO) or 0, payload bytes
+FRAME = struct.Struct("!4sBIQ")
+HELLO, DATA, BYE, ADDRESSES = 1, 2, 3, 4
+COORDINATOR = 0
+CONNECT_TIMEOUT_S = 5.0
+
+
+@dataclass
+class _Connection:
+    """One live TCP connection to a peer, with its sender thread's queue."""
+
+    sock: socket.socket
+    outbox: "queue.Queue" = field(default_factory=queue.Queue)
+    closed: bool = False
+
+
+@dataclass
+class _Peer:
+    """What this rank knows about one other rank."""
+
+    rank: int
+    state: str = "gone"  # live | joining | gone
+    why: str = "is not connected"
+    connection: Optional[_Connection] = None
+    epoch: int = 0  # bumps whenever the message stream restarts (new connection)
+    arrived: dict = field(default_factory=dict)  # message index -> (arrival seq, bytes)
+    arrived_count: int = 0
+    posted: int = 0  # receives posted (each claims the next message index)
+
+
+class TcpComm(Comm):
+    """Point-to-point TCP transport with crash detection and rejoin (see module docstring).
+
+    Args:
+        timeout_s: how long a receive waits for a live peer's message before failing (s).
+        device: torch device of the model's tensors (CUDA tensors are staged through the CPU).
+        env: the torchrun variables (default os.environ).
+    """
+
+    elastic = True
+
+    def __init__(self, timeout_s: float = 300.0, device: torch.device | str = "cpu", env=None):
+        env = os.environ if env is None else env
+        missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if v not in env]
+        if missing:
+            raise RuntimeError(f"environment variables {missing} are not set: start one process per node "
+                               "with torchrun, or set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT yourself")
+        super().__init__(int(env["RANK"]), int(env["WORLD_SIZE"]))
+        self.backend = "tcp"
+        self.device = torch.device(device)
+        self.timeout_s = timeout_s
+        self.generation = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        if self.rank == COORDINATOR and self.generation > 0:
+            raise RuntimeError("rank 0 is the coordinator (it hosts the rendezvous and admits restarted "
+                               "ranks): it cannot rejoin; restart the whole job instead")
+        self._lock = threading.Condition()
+        self._peers = {r: _Peer(r) for r in range(self.world_size) if r != self.rank}
+        self._arrivals = itertools.count()
+        self._closing = False
+        self._addresses: dict[int, str] = {}  # rank -> "host:port" it listens at (from rank 0)
+        master_addr, master_port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
+        self._address = _route_to(master_addr, master_port)
+        # Rank 0 listens at MASTER_ADDR:MASTER_PORT and is the rendezvous: every rank says hello
+        # there with the address it listens at, and rank 0 hands out the table (as torchrun's store).
+        port = master_port if self.rank == COORDINATOR else 0
+        self._listener = socket.create_server((self._address, port))
+        self._listener.settimeout(0.5)
+        self._addresses[self.rank] = f"{self._address}:{self._listener.getsockname()[1]}"
+        threading.Thread(target=self._accept_loop, name="tcpcomm-accept", daemon=True).start()
+        deadline = time.monotonic() + timeout_s
+        if self.rank == COORDINATOR:
+            self._wait_for(lambda: all(p.state == "live" for p in self._peers.values()), "not every rank said hello")
+            for peer in self._peers.values():
+                self._send_addresses(peer)
+            return
+        self._connect(COORDINATOR, (master_addr, master_port), retry_until=deadline)
+        self._wait_for(lambda: len(self._addresses) == self.world_size, "rank 0 sent no address table")
+        if self.generation == 0:
+            for peer in range(1, self.rank):
+                self._connect(peer, _split(self._addresses[peer]), retry_until=deadline)
+            self._wait_for(lambda: all(p.state == "live" for p in self._peers.values()), "not every rank connected")
+        else:
+            for peer in range(1, self.world_size):
+                if peer != self.rank:
+                    try:
+                        self._connect(peer, _split(self._addresses[peer]), retry_until=time.monotonic())
+                    except OSError as error:
+                        self._peers[peer].why = f"is unreachable ({error})"
+
+    # -- membership ------------------------------------------------------------------------------
+
+    def live_ranks(self) -> list[int]:
+        """Ranks this rank exchanges with, itself included, in order."""
+        with self._lock:
+            return sorted([self.rank] + [r for r, p in self._peers.items() if p.state == "live"])
+
+    def joining_ranks(self) -> list[int]:
+        """Restarted ranks that connected and wait to be admitted."""
+        with self._lock:
+            return sorted(r for r, p in self._peers.items() if p.state == "joining")
+
+    def is_live(self, rank: int) -> bool:
+        return rank == self.rank or self._peers[rank].state == "live"
+
+    def set_membership(self, live: set[int]) -> None:
+        """Admit the joining ranks in ``live`` and drop the live ones not in it (never revives a gone one)."""
+        with self._lock:
+            for rank, peer in self._peers.items():
+                if rank in live and peer.state == "joining":
+                    peer.state = "live"
+                elif rank not in live and peer.state != "gone":
+                    self._drop(peer, "was dropped from the membership")
+            self._lock.notify_all()
+
+    # -- point to point --------------------------------------------------------------------------
+
+    def send_admission(self, tensor: torch.Tensor, dst: int) -> None:
+        """Send to a live or a *joining* peer (how the coordinator admits a restarted rank)."""
+        self._run("send", _nbytes(tensor), 0, False, lambda: self._isend(tensor, dst, allow_joining=True))
+
+    def _isend(self, tensor: torch.Tensor, dst: int, allow_joining: bool = False):
+        peer = self._peer_for(dst)
+        payload = _bytes_of(tensor)
+        done = threading.Event()
+        outcome: list = []
+        with self._lock:
+            if peer.state == "gone" or (peer.state == "joining" and not allow_joining):
+                raise PeerLost(dst, peer.why if peer.state == "gone" else "is joining (not admitted yet)")
+            connection = peer.connection
+        connection.outbox.put((FRAME.pack(MAGIC, DATA, 0, payload.numel()), payload, done, outcome))
+
+        def wait_fn():
+            while not done.wait(1.0):
+                if connection.closed and not done.is_set():
+                    raise PeerLost(dst, peer.why)
+            if outcome:
+                raise PeerLost(dst, outcome[0])
+            return None
+
+        return wait_fn, done.is_set
+
+    def _irecv(self, tensor: torch.Tensor, src: int):
+        peer = self._peer_for(src)
+        with self._lock:
+            if peer.state != "live" and not self._pending(peer):
+                raise PeerLost(src, peer.why)
+            ticket, epoch = peer.posted, peer.epoch
+            peer.posted += 1
+
+        def ready() -> bool:
+            return ticket in peer.arrived or peer.epoch != epoch or peer.state != "live"
+
+        def wait_fn():
+            with self._lock:
+                self._wait_locked(ready, f"rank {src} sent nothing")
+                if peer.epoch != epoch or ticket not in peer.arrived:
+                    raise PeerLost(src, peer.why)
+                _, data = peer.arrived.pop(ticket)
+            _fill(tensor, data)
+            return tensor
+
+        return wait_fn, ready  # done, or would raise at once
+
+    def _irecv_any(self, tensor: torch.Tensor, sources=None):
+        candidates = [r for r in (self._peers if sources is None else sources) if r != self.rank]
+
+        def unclaimed():
+            best = None
+            for rank in candidates:
+                peer = self._peers[rank]
+                if peer.posted in peer.arrived:
+                    seq = peer.arrived[peer.posted][0]
+                    if best is None or seq < best[0]:
+                        best = (seq, peer)
+            return best
+
+        def ready() -> bool:
+            return unclaimed() is not None or any(
+                self._peers[r].state != "live" and not self._pending(self._peers[r]) for r in candidates)
+
+        def wait_fn() -> int:
+            with self._lock:
+                self._wait_locked(ready, f"none of ranks {candidates} sent anything")
+                best = unclaimed()
+                if best is None:
+                    lost = next(r for r in candidates if self._peers[r].state != "live")
+                    raise PeerLost(lost, self._peers[lost].why)
+                peer = best[1]
+                _, data = peer.arrived.pop(peer.posted)
+                peer.posted += 1
+            _fill(tensor, data)
+            return peer.rank
+
+        return wait_fn, lambda: unclaimed() is not None
+
+    # -- collectives: a star through the coordinator over the live ranks ---------------------------
+
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp = "sum", async_op: bool = False) -> Optional[Work]:
+        """Reduce over the live ranks through rank 0; a rank lost meanwhile is left out (avg divides
+        by the ranks that took part). Runs at once; with ``async_op`` returns a completed handle."""
+        if self.rank == COORDINATOR:
+            parts = {}
+            for rank in self.live_ranks()[1:]:
+                part = torch.empty_like(tensor)
+                try:
+                    self.recv(part, rank)
+                    parts[rank] = part
+                except PeerLost:
+                    pass
+            combine = {"sum": torch.Tensor.add_, "avg": torch.Tensor.add_, "max": _max_, "min": _min_}[op]
+            for rank in sorted(parts):
+                combine(tensor, parts[rank])
+            if op == "avg":
+                tensor.div_(len(parts) + 1)
+            for rank in sorted(parts):
+                try:
+                    self.send(tensor, rank)
+                except PeerLost:
+                    pass
+        else:
+            self.send(tensor, COORDINATOR)
+            self.recv(tensor, COORDINATOR)
+        return _done(self) if async_op else None
+
+    def ring_all_reduce(self, tensor: torch.Tensor, op: ReduceOp = "sum") -> torch.Tensor:
+        """A ring cannot lose a member mid-way: the star :meth:`all_reduce` stands in for it."""
+        self.all_reduce(tensor, op)
+        return tensor
+
+    def broadcast(self, tensor: torch.Tensor, src: int, async_op: bool = False) -> Optional[Work]:
+        """Send ``src``'s tensor to every live rank (lost ones are skipped)."""
+        if self.rank == src:
+            for rank in self.live_ranks():
+                if rank != src:
+                    try:
+                        self.send(tensor, rank)
+                    except PeerLost:
+                        pass
+        else:
+            self.recv(tensor, src)
+        return _done(self) if async_op else None
+
+    def barrier(self) -> None:
+        self.all_reduce(torch.zeros(1), "sum")
+
+    def all_gather(self, outputs, tensor, async_op: bool = False):
+        raise NotImplementedError("TcpComm has no all_gather: no crash-tolerant algorithm needs one")
+
+    # The base class's collective hooks are replaced by the public methods above.
+    def _all_reduce(self, tensor, op):  # pragma: no cover - not reachable
+        raise AssertionError("unused")
+
+    _broadcast = _all_gather = _barrier = _all_reduce
+
+    # -- life cycle ------------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Say goodbye to every peer, let the senders drain (bounded), close everything."""
+        if self._closing:
+            return
+        self._closing = True
+        with self._lock:
+            connections = [p.connection for p in self._peers.values() if p.connection is not None]
+        for connection in connections:
+            connection.outbox.put((FRAME.pack(MAGIC, BYE, 0, 0), None, None, None))
+        deadline = time.monotonic() + 10.0
+        for connection in connections:
+            while not connection.closed and not connection.outbox.empty() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        for connection in connections:
+            _close(connection)
+        self._listener.close()
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _peer_for(self, rank: int) -> _Peer:
+        if rank not in self._peers:
+            raise ValueError(f"rank {rank} is not a peer of rank {self.rank} in a world of {self.world_size}")
+        return self._peers[rank]
+
+    @staticmethod
+    def _pending(peer: _Peer) -> bool:
+        return peer.posted in peer.arrived
+
+    def _wait_locked(self, ready: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        while not ready():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"rank {self.rank}: {what} for {self.timeout_s:g} s")
+            self._lock.wait(min(left, 1.0))
+
+    def _wait_for(self, ready: Callable[[], bool], what: str) -> None:
+        with self._lock:
+            self._wait_locked(ready, what)
+
+    def _hello(self) -> bytes:
+        address = self._addresses[self.rank].encode()
+        return FRAME.pack(MAGIC, HELLO, self.generation, 4 + len(address)) + struct.pack("!I", self.rank) + address
+
+    def _send_addresses(self, peer: _Peer) -> None:
+        """Rank 0: hand ``peer`` the table of listening addresses."""
+        table = json.dumps(self._addresses).encode()
+        peer.connection.outbox.put((FRAME.pack(MAGIC, ADDRESSES, 0, len(table)),
+                                    torch.frombuffer(bytearray(table), dtype=torch.uint8), None, None))
+
+    def _connect(self, rank: int, address: tuple[str, int], retry_until: float) -> None:
+        while True:
+            try:
+                sock = socket.create_connection(address, timeout=CONNECT_TIMEOUT_S, source_address=(self._address, 0))
+                break
+            except OSError:
+                if time.monotonic() >= retry_until:
+                    raise
+                time.sleep(0.1)
+        sock.settimeout(None)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(self._hello())
+        self._attach(rank, sock, joining=False)
+
+    def _accept_loop(self) -> None:
+        while not self._closing:
+            try:
+                sock, _ = self._listener.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            try:
+                sock.settimeout(CONNECT_TIMEOUT_S)
+                magic, kind, generation, size = FRAME.unpack(_read_exact(sock, FRAME.size))
+                if magic != MAGIC or kind != HELLO or not 4 < size < 300:
+                    raise ValueError("not a wanbench hello")
+                hello = _read_exact(sock, size)
+                (rank,) = struct.unpack("!I", hello[:4])
+                if rank not in self._peers:
+                    raise ValueError(f"hello from unknown rank {rank}")
+                sock.settimeout(None)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except (OSError, EOFError, ValueError, struct.error):
+                sock.close()
+                continue
+            with self._lock:
+                self._addresses[rank] = hello[4:].decode()
+            peer = self._attach(rank, sock, joining=generation > 0)
+            if generation > 0 and self.rank == COORDINATOR:
+                self._send_addresses(peer)  # a restarted rank learns where the others are
+
+    def _attach(self, rank: int, sock: socket.socket, joining: bool) -> _Peer:
+        connection = _Connection(sock)
+        with self._lock:
+            peer = self._peers[rank]
+            if peer.connection is not None:
+                _close(peer.connection)
+            peer.connection = connection
+            peer.epoch += 1
+            peer.arrived, peer.arrived_count, peer.posted = {}, 0, 0
+            peer.state = "joining" if joining else "live"
+            peer.why = "is connected"
+            self._lock.notify_all()
+        threading.Thread(target=self._read_loop, args=(peer, connection), name=f"tcpcomm-read-{rank}",
+                         daemon=True).start()
+        threading.Thread(target=self._send_loop, args=(peer, connection), name=f"tcpcomm-send-{rank}",
+                         daemon=True).start()
+        return peer
+
+    def _read_loop(self, peer: _Peer, connection: _Connection) -> None:
+        why = "crashed (its connection closed without a goodbye)"
+        try:
+            while True:
+                magic, kind, _, size = FRAME.unpack(_read_exact(connection.sock, FRAME.size))
+                if magic != MAGIC:
+                    raise ValueError("corrupt frame")
+                if kind == BYE:
+                    why = "left (finished)"
+                    break
+                data = bytearray(size)
+                _read_exact_into(connection.sock, data)
+                if kind == ADDRESSES:
+                    with self._lock:
+                        self._addresses.update({int(r): a for r, a in json.loads(data).items()})
+                        self._lock.notify_all()
+                    continue
+                with self._lock:
+                    if peer.connection is not connection:
+                        return
+                    peer.arrived[peer.arrived_count] = (next(self._arrivals), data)
+                    peer.arrived_count += 1
+                    self._lock.notify_all()
+        except (OSError, EOFError, ValueError, struct.error) as error:
+            if not isinstance(error, EOFError):
+                why = f"crashed ({type(error).__name__}: {error})" if str(error) else why
+        with self._lock:
+            if peer.connection is connection and peer.state != "gone":
+                self._drop(peer, why)
+            self._lock.notify_all()
+
+    def _send_loop(self, peer: _Peer, connection: _Connection) -> None:
+        while True:
+            header, payload, done, outcome = connection.outbox.get()
+            try:
+                connection.sock.sendall(header)
+                if payload is not None:
+                    connection.sock.sendall(memoryview(payload.numpy()))
+            except OSError as error:
+                with self._lock:
+                    if peer.connection is connection and peer.state != "gone":
+                        self._drop(peer, f"crashed (send failed: {error})")
+                    self._lock.notify_all()
+                if outcome is not None:
+                    outcome.append(peer.why)
+                    done.set()
+                self._fail_queued(connection, peer)
+                return
+            if header[4] == BYE:  # the frame kind byte, after the magic
+                connection.closed = True
+                return
+            if done is not None:
+                done.set()
+
+    def _fail_queued(self, connection: _Connection, peer: _Peer) -> None:
+        while True:
+            try:
+                _, _, done, outcome = connection.outbox.get_nowait()
+            except queue.Empty:
+                return
+            if outcome is not None:
+                outcome.append(peer.why)
+                done.set()
+
+    def _drop(self, peer: _Peer, why: str) -> None:
+        """Mark ``peer`` gone (lock held); queued messages that arrived stay deliverable."""
+        peer.state, peer.why = "gone", why
+        if peer.connection is not None:
+            _close(peer.connection)
+
+
+def _done(comm: Comm) -> Work:
+    return Work(comm, "barrier", lambda: None, lambda: True, accounted=False)
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, port = address.rsplit(":", 1)
+    return host, int(port)
+
+
+def _route_to(host: str, port: int) -> str:
+    """This machine's address on the route to ``host`` (what peers can reach us at)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((host, port))  # UDP connect sends nothing; it only picks the route
+        return probe.getsockname()[0]
+
+
+def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous CPU uint8 view (or copy) of ``tensor``'s bytes, safe to send later."""
+    flat = tensor.detach()
+    if flat.is_cuda:
+        flat = flat.to("cpu")
+    return flat.contiguous().reshape(-1).view(torch.uint8)
+
+
+def _fill(tensor: torch.Tensor, data: bytearray) -> None:
+    expected = tensor.numel() * tensor.element_size()
+    if len(data) != expected:
+        raise RuntimeError(f"message of {len(data)} bytes for a tensor of {expected} bytes: ranks disagree "
+                           "on what they exchange")
+    source = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+    with torch.no_grad():
+        if tensor.is_contiguous() and not tensor.is_cuda:
+            tensor.view(-1).view(torch.uint8).copy_(source)
+        else:
+            tensor.copy_(source.view(tensor.dtype).view(tensor.shape))
+
+
+def _read_exact(sock: socket.socket, size: int) -> bytes:
+    data = bytearray(size)
+    _read_exact_into(sock, data)
+    return bytes(data)
+
+
+def _read_exact_into(sock: socket.socket, buffer: bytearray) -> None:
+    view, got = memoryview(buffer), 0
+    while got < len(buffer):
+        count = sock.recv_into(view[got:])
+        if count == 0:
+            raise EOFError("connection closed")
+        got += count
+
+
+def _close(connection: _Connection) -> None:
+    connection.closed = True
+    try:
+        connection.sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    connection.sock.close()
