@@ -156,7 +156,11 @@ def launch_job(plan: Plan, job: Job, job_dir: Path, master_port: int, timeout_s:
     procs: list[subprocess.Popen] = [None] * world  # type: ignore[list-item]
     logs = []
     crashed: dict[int, float] = {}      # rank -> when we killed it on purpose
+    killed_pids: set[int] = set()       # processes we killed on purpose (their exit is not a failure
+    restarts: dict[int, int] = {}       # of a crash-tolerant job)
     restart_pending: set[int] = set()
+    # A crash-tolerant job (comm backend tcp) goes on without a crashed rank and takes it back.
+    tolerant = (job.trainer_config.get("comm") or {}).get("backend") == "tcp" and job.command is None
     start = time.monotonic()
     outcome: Optional[JobOutcome] = None
 
@@ -167,6 +171,8 @@ def launch_job(plan: Plan, job: Job, job_dir: Path, master_port: int, timeout_s:
                "LOCAL_RANK": "0", "MASTER_ADDR": master.address, "MASTER_PORT": str(master_port),
                "WANBENCH_NODE": node.name, "WANBENCH_OUTPUT_DIR": str(job_dir),
                "WANBENCH_RESTARTS": str(restarts),
+               # torchrun's name for it: a crash-tolerant trainer rejoins instead of starting afresh
+               "TORCHELASTIC_RESTART_COUNT": str(restarts),
                # one intra-op thread per node unless the user says otherwise: N nodes share the
                # machine's cores, and torch's default (all cores each) oversubscribes them
                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world))),
@@ -182,6 +188,7 @@ def launch_job(plan: Plan, job: Job, job_dir: Path, master_port: int, timeout_s:
     def crash_node(name: str) -> str:
         node = plan.node(name)
         procs[node.rank].kill()
+        killed_pids.add(procs[node.rank].pid)
         crashed[node.rank] = time.monotonic() - start
         return f"rank {node.rank} (pid {procs[node.rank].pid}) killed"
 
@@ -190,7 +197,8 @@ def launch_job(plan: Plan, job: Job, job_dir: Path, master_port: int, timeout_s:
         restart_pending.discard(node.rank)
         if procs[node.rank].poll() is None:
             return f"rank {node.rank} still running; not restarted"
-        spawn(node, restarts=1)
+        restarts[node.rank] = restarts.get(node.rank, 0) + 1
+        spawn(node, restarts=restarts[node.rank])
         return f"rank {node.rank} restarted as pid {procs[node.rank].pid}"
 
     def set_cpu_factor(name: str, factor: float) -> str:
@@ -210,6 +218,10 @@ def launch_job(plan: Plan, job: Job, job_dir: Path, master_port: int, timeout_s:
         restart_pending = {plan.node(e.node).rank for e in faults
                            if e.kind == "node_crash" and e.restart_after is not None}
 
+    def tolerated(rank: int, code) -> bool:
+        """An exit that does not fail the job: clean, or our own kill in a crash-tolerant job."""
+        return code == 0 or (tolerant and procs[rank].pid in killed_pids)
+
     def exit_reason(rank: int, code: int) -> str:
         text = f"rank {rank} exited {code}"
         if rank in crashed:
@@ -228,12 +240,17 @@ def launch_job(plan: Plan, job: Job, job_dir: Path, master_port: int, timeout_s:
                 timeline.poll(time.monotonic() - start)
             codes = [p.poll() for p in procs]
             if all(code is not None for code in codes) and not restart_pending:
-                bad = [(i, c) for i, c in enumerate(codes) if c != 0]
+                bad = [(i, c) for i, c in enumerate(codes) if not tolerated(i, c)]
                 status = "ok" if not bad else "failed"
                 reason = "; ".join(exit_reason(i, c) for i, c in bad)
+                if not bad and crashed:
+                    reason = "crash tolerated: " + "; ".join(
+                        f"rank {i} killed at {t:.1f} s (injected)" + (f", restarted {restarts[i]}x" if i in restarts else "")
+                        for i, t in sorted(crashed.items()))
                 outcome = JobOutcome(job.job_id, status, time.monotonic() - start, reason)
                 break
-            failing = [i for i, c in enumerate(codes) if c not in (None, 0) and i not in restart_pending]
+            failing = [i for i, c in enumerate(codes)
+                       if c is not None and not tolerated(i, c) and i not in restart_pending]
             if failed_at is None and failing:
                 failed_at = time.monotonic()
             if failed_at is not None and time.monotonic() - failed_at > FAILED_RANK_GRACE_S:

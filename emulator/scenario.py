@@ -182,7 +182,17 @@ def _trainer_config(spec: ScenarioFile, algorithm: str, params: dict, seed: int)
     if spec.stop.target_accuracy is not None:
         config["target_accuracy"] = spec.stop.target_accuracy
     config["algorithm"] = {"name": algorithm, "params": params}
+    if any(event.kind == "node_crash" for event in spec.faults) and _tolerates_crash(algorithm):
+        # Policy: an algorithm that can go on without a crashed rank runs on the elastic comm when
+        # the scenario crashes nodes (unless the workload names a backend itself).
+        config.setdefault("comm", {}).setdefault("backend", "tcp")
     return config
+
+
+def _tolerates_crash(algorithm: str) -> bool:
+    from trainers.algorithms import ALGORITHMS
+
+    return algorithm in ALGORITHMS and ALGORITHMS[algorithm].tolerates_crash
 
 
 def _check_trainer_config(source: str, field_prefix: str, config: dict) -> None:
@@ -205,6 +215,10 @@ def _check_trainer_config(source: str, field_prefix: str, config: dict) -> None:
         else:
             where = f"workload.{path}" if path else "workload"
         raise ConfigError(source, where, exc.reason) from None
+    algorithm = config["algorithm"]["name"]
+    if (config.get("comm") or {}).get("backend") == "tcp" and not _tolerates_crash(algorithm):
+        raise ConfigError(source, "workload.comm.backend",
+                          f"tcp is only for crash-tolerant algorithms; {algorithm} needs every rank in every collective")
 
 
 def _check_faults(source: str, spec: ScenarioFile, topology: Topology) -> None:
