@@ -280,8 +280,9 @@ def summarize(run_dir, target_accuracy: Optional[float] = None) -> pd.DataFrame:
             row["train_time_s"] = float(rank0["train_time_s"].max()) if len(rank0) else None
             if row.get("steps") and row.get("train_time_s"):
                 row["steps_per_s"] = row["steps"] / row["train_time_s"]
-            last = st.sort_values("step").groupby("rank").tail(1)
-            row["bytes_sent_per_node"] = float(last["bytes_sent_total"].mean())
+            # Sum of the per-step counts, not the last running total: a restarted rank's total
+            # starts again from 0 in its new process.
+            row["bytes_sent_per_node"] = float(st.groupby("rank")["bytes_sent"].sum().mean())
             if row.get("steps"):
                 row["bytes_per_step_per_node"] = row["bytes_sent_per_node"] / row["steps"]
             blocked = st["comm_blocked_s"].dropna()

@@ -17,11 +17,13 @@ Membership. Every peer is ``live``, ``joining`` or ``gone``:
 * A connection that ends without a goodbye marks that peer ``gone`` (crashed). Sends to it and
   receives from it raise :class:`PeerLost` (messages that arrived before the crash are still
   delivered, in order).
-* A restarted rank (TORCHELASTIC_RESTART_COUNT > 0, as torchrun sets it) connects to every
-  reachable peer with its new generation number. Its peers see it as ``joining`` and ignore it
-  until the coordinator (rank 0) admits it: :meth:`set_membership`, called on every rank at the
-  same step (the runner does it at evaluation points). Rank 0 is the coordinator and cannot be
-  lost; every rank's job ends if it is.
+* A restarted rank (TORCHELASTIC_RESTART_COUNT > 0, as torchrun sets it) says hello to rank 0,
+  gets the table, connects to every reachable peer with its new generation number, and then tells
+  rank 0 it is ready. Its peers see it as ``joining`` and ignore it until the coordinator (rank 0)
+  admits it: :meth:`set_membership`, called on every rank at the same step (the runner does it at
+  evaluation points) with each live rank's generation, so a peer whose new connection is still
+  on its way is admitted when it arrives, and a crash rank 0 has not noticed yet is not undone.
+  Rank 0 is the coordinator and cannot be lost; every rank's job ends if it is.
 
 Collectives run as a star through rank 0 over the live ranks: ``all_reduce`` sends each tensor to
 rank 0, which combines those that arrived (a rank lost meanwhile is left out and ``avg`` divides by
@@ -51,7 +53,7 @@ from trainers.comm import Comm, PeerLost, ReduceOp, Work, _max_, _min_, _nbytes
 MAGIC = b"WBT1"
 # magic, frame kind, generation (HELLO) or 0, payload bytes
 FRAME = struct.Struct("!4sBIQ")
-HELLO, DATA, BYE, ADDRESSES = 1, 2, 3, 4
+HELLO, DATA, BYE, ADDRESSES, READY = 1, 2, 3, 4, 5
 COORDINATOR = 0
 CONNECT_TIMEOUT_S = 5.0
 
@@ -72,6 +74,9 @@ class _Peer:
     rank: int
     state: str = "gone"  # live | joining | gone
     why: str = "is not connected"
+    generation: int = 0  # restarts of the process on the current connection
+    ready: bool = False  # a joining rank connected to everyone (what rank 0 waits for to admit it)
+    admit: Optional[int] = None  # generation admitted before its connection arrived
     connection: Optional[_Connection] = None
     epoch: int = 0  # bumps whenever the message stream restarts (new connection)
     arrived: dict = field(default_factory=dict)  # message index -> (arrival seq, bytes)
@@ -108,7 +113,7 @@ class TcpComm(Comm):
         self._peers = {r: _Peer(r) for r in range(self.world_size) if r != self.rank}
         self._arrivals = itertools.count()
         self._closing = False
-        self._addresses: dict[int, str] = {}  # rank -> "host:port" it listens at (from rank 0)
+        self._addresses: dict[int, list] = {}  # rank -> ["host:port" it listens at, generation] (from rank 0)
         master_addr, master_port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
         self._address = _route_to(master_addr, master_port)
         # Rank 0 listens at MASTER_ADDR:MASTER_PORT and is the rendezvous: every rank says hello
@@ -116,7 +121,7 @@ class TcpComm(Comm):
         port = master_port if self.rank == COORDINATOR else 0
         self._listener = socket.create_server((self._address, port))
         self._listener.settimeout(0.5)
-        self._addresses[self.rank] = f"{self._address}:{self._listener.getsockname()[1]}"
+        self._addresses[self.rank] = [f"{self._address}:{self._listener.getsockname()[1]}", self.generation]
         threading.Thread(target=self._accept_loop, name="tcpcomm-accept", daemon=True).start()
         deadline = time.monotonic() + timeout_s
         if self.rank == COORDINATOR:
@@ -124,19 +129,21 @@ class TcpComm(Comm):
             for peer in self._peers.values():
                 self._send_addresses(peer)
             return
-        self._connect(COORDINATOR, (master_addr, master_port), retry_until=deadline)
+        self._connect(COORDINATOR, retry_until=deadline, address=(master_addr, master_port))
         self._wait_for(lambda: len(self._addresses) == self.world_size, "rank 0 sent no address table")
         if self.generation == 0:
             for peer in range(1, self.rank):
-                self._connect(peer, _split(self._addresses[peer]), retry_until=deadline)
+                self._connect(peer, retry_until=deadline)
             self._wait_for(lambda: all(p.state == "live" for p in self._peers.values()), "not every rank connected")
         else:
             for peer in range(1, self.world_size):
                 if peer != self.rank:
                     try:
-                        self._connect(peer, _split(self._addresses[peer]), retry_until=time.monotonic())
+                        self._connect(peer, retry_until=time.monotonic())
                     except OSError as error:
                         self._peers[peer].why = f"is unreachable ({error})"
+            # Only now may rank 0 admit us: every peer has our connection (or is unreachable).
+            self._peers[COORDINATOR].connection.outbox.put((FRAME.pack(MAGIC, READY, 0, 0), None, None, None))
 
     # -- membership ------------------------------------------------------------------------------
 
@@ -146,21 +153,35 @@ class TcpComm(Comm):
             return sorted([self.rank] + [r for r, p in self._peers.items() if p.state == "live"])
 
     def joining_ranks(self) -> list[int]:
-        """Restarted ranks that connected and wait to be admitted."""
+        """Restarted ranks that connected to everyone and wait to be admitted."""
         with self._lock:
-            return sorted(r for r, p in self._peers.items() if p.state == "joining")
+            return sorted(r for r, p in self._peers.items() if p.state == "joining" and p.ready)
+
+    def generations(self) -> dict[int, int]:
+        """The generation (restart count) of every rank's current process, as this rank knows it."""
+        with self._lock:
+            return {self.rank: self.generation, **{r: p.generation for r, p in self._peers.items()}}
 
     def is_live(self, rank: int) -> bool:
         return rank == self.rank or self._peers[rank].state == "live"
 
-    def set_membership(self, live: set[int]) -> None:
-        """Admit the joining ranks in ``live`` and drop the live ones not in it (never revives a gone one)."""
+    def set_membership(self, live: dict[int, int]) -> None:
+        """Agree with rank 0: ``live`` maps each live rank to the generation of its process.
+
+        A joining peer of that generation is admitted; one whose new connection has not arrived
+        yet is admitted when it does; a live peer missing from ``live`` is dropped; a peer this
+        rank saw crash stays gone (rank 0 will notice too).
+        """
         with self._lock:
             for rank, peer in self._peers.items():
-                if rank in live and peer.state == "joining":
+                if rank not in live:
+                    peer.admit = None
+                    if peer.state != "gone":
+                        self._drop(peer, "was dropped from the membership")
+                elif peer.generation == live[rank] and peer.state == "joining":
                     peer.state = "live"
-                elif rank not in live and peer.state != "gone":
-                    self._drop(peer, "was dropped from the membership")
+                elif peer.generation < live[rank]:
+                    peer.admit = live[rank]
             self._lock.notify_all()
 
     # -- point to point --------------------------------------------------------------------------
@@ -346,7 +367,7 @@ class TcpComm(Comm):
             self._wait_locked(ready, what)
 
     def _hello(self) -> bytes:
-        address = self._addresses[self.rank].encode()
+        address = self._addresses[self.rank][0].encode()
         return FRAME.pack(MAGIC, HELLO, self.generation, 4 + len(address)) + struct.pack("!I", self.rank) + address
 
     def _send_addresses(self, peer: _Peer) -> None:
@@ -355,7 +376,8 @@ class TcpComm(Comm):
         peer.connection.outbox.put((FRAME.pack(MAGIC, ADDRESSES, 0, len(table)),
                                     torch.frombuffer(bytearray(table), dtype=torch.uint8), None, None))
 
-    def _connect(self, rank: int, address: tuple[str, int], retry_until: float) -> None:
+    def _connect(self, rank: int, retry_until: float, address: Optional[tuple[str, int]] = None) -> None:
+        address = address or _split(self._addresses[rank][0])
         while True:
             try:
                 sock = socket.create_connection(address, timeout=CONNECT_TIMEOUT_S, source_address=(self._address, 0))
@@ -367,7 +389,7 @@ class TcpComm(Comm):
         sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.sendall(self._hello())
-        self._attach(rank, sock, joining=False)
+        self._attach(rank, sock, generation=self._addresses.get(rank, [None, 0])[1], joining=False)
 
     def _accept_loop(self) -> None:
         while not self._closing:
@@ -392,12 +414,12 @@ class TcpComm(Comm):
                 sock.close()
                 continue
             with self._lock:
-                self._addresses[rank] = hello[4:].decode()
-            peer = self._attach(rank, sock, joining=generation > 0)
+                self._addresses[rank] = [hello[4:].decode(), generation]
+            peer = self._attach(rank, sock, generation, joining=generation > 0)
             if generation > 0 and self.rank == COORDINATOR:
                 self._send_addresses(peer)  # a restarted rank learns where the others are
 
-    def _attach(self, rank: int, sock: socket.socket, joining: bool) -> _Peer:
+    def _attach(self, rank: int, sock: socket.socket, generation: int, joining: bool) -> _Peer:
         connection = _Connection(sock)
         with self._lock:
             peer = self._peers[rank]
@@ -406,7 +428,9 @@ class TcpComm(Comm):
             peer.connection = connection
             peer.epoch += 1
             peer.arrived, peer.arrived_count, peer.posted = {}, 0, 0
-            peer.state = "joining" if joining else "live"
+            admitted = joining and peer.admit == generation
+            peer.state = "joining" if joining and not admitted else "live"
+            peer.generation, peer.ready, peer.admit = generation, False, None
             peer.why = "is connected"
             self._lock.notify_all()
         threading.Thread(target=self._read_loop, args=(peer, connection), name=f"tcpcomm-read-{rank}",
@@ -425,11 +449,15 @@ class TcpComm(Comm):
                 if kind == BYE:
                     why = "left (finished)"
                     break
+                if kind == READY:
+                    with self._lock:
+                        peer.ready = True
+                    continue
                 data = bytearray(size)
                 _read_exact_into(connection.sock, data)
                 if kind == ADDRESSES:
                     with self._lock:
-                        self._addresses.update({int(r): a for r, a in json.loads(data).items()})
+                        self._addresses.update({int(r): entry for r, entry in json.loads(data).items()})
                         self._lock.notify_all()
                     continue
                 with self._lock:

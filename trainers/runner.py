@@ -236,42 +236,45 @@ class _Membership:
     """Which ranks take part, agreed at evaluation points on an elastic comm (see comm_tcp).
 
     Rank 0 (the coordinator) sends every live rank one message per evaluation point: the stop
-    decision, the step, and one flag per rank (1: live). Restarted ranks waiting to join are
-    admitted in it and also get the algorithm's rejoin state. Rank 0 writes a ``membership``
-    record whenever the set changes; an admitted rank writes a ``rejoin`` record.
+    decision, the step, and per rank 0 (not live) or 1 + the generation of its live process.
+    Restarted ranks waiting to join are admitted in it and also get the algorithm's rejoin state.
+    Rank 0 writes a ``membership`` record whenever the set changes; an admitted rank writes a
+    ``rejoin`` record.
     """
 
     def __init__(self, comm: Comm, writer: RecordWriter):
         self.comm = comm
         self.writer = writer
-        self.live = set(range(comm.world_size))
+        self.live: dict[int, int] = {rank: 0 for rank in range(comm.world_size)}  # rank -> generation
 
     def agree(self, algorithm, deployable, step: int, stop_code: int) -> int:
         comm = self.comm
         if comm.rank == 0:
             joining = comm.joining_ranks()
-            live = set(comm.live_ranks()) | set(joining)
-            message = self._message(stop_code, step, live)
+            generations = comm.generations()
+            live = {rank: generations[rank] for rank in comm.live_ranks() + joining}
             payload = _pack(algorithm.rejoin_state(deployable)) if joining else None
-            for rank in sorted(live - {0}):
+            for rank in sorted(set(live) - {0}):
                 try:
-                    comm.send_admission(message, rank) if rank in joining else comm.send(message, rank)
                     if rank in joining:
+                        comm.send_admission(self._message(stop_code, step, live), rank)
                         comm.send_admission(torch.tensor([payload.numel()], dtype=torch.int64), rank)
                         comm.send_admission(payload, rank)
+                    else:
+                        comm.send(self._message(stop_code, step, live), rank)
                 except PeerLost:
-                    live.discard(rank)
+                    live.pop(rank)
         else:
-            message = self._message(0, 0, set())
+            message = self._message(0, 0, {})
             comm.recv(message, 0)
-            stop_code, live = int(message[0]), {r for r in range(comm.world_size) if message[2 + r]}
+            stop_code, live = int(message[0]), self._decode(message)
         self._apply(algorithm, step, live)
         return stop_code
 
     def await_admission(self, algorithm) -> Optional[int]:
         """On a restarted rank: wait (until rank 0 ends) to be admitted; returns the step it was
         admitted at, or None if the job ended first."""
-        message = self._message(0, 0, set())
+        message = self._message(0, 0, {})
         while True:
             try:
                 self.comm.recv(message, 0)
@@ -280,25 +283,29 @@ class _Membership:
                 continue  # the next evaluation point may be far off
             except PeerLost:
                 return None
-        step, live = int(message[1]), {r for r in range(self.comm.world_size) if message[2 + r]}
+        step, live = int(message[1]), self._decode(message)
         size = torch.zeros(1, dtype=torch.int64)
         self.comm.recv(size, 0)
         payload = torch.empty(int(size), dtype=torch.uint8)
         self.comm.recv(payload, 0)
         algorithm.load_rejoin_state(torch.load(io.BytesIO(payload.numpy().tobytes()), weights_only=False), step)
-        self.live = set()
+        self.live = {rank: generation for rank, generation in live.items() if rank != self.comm.rank}
         self._apply(algorithm, step, live)
         self.writer.write("rejoin", step=step, restarts=self.comm.generation, live=sorted(live))
         return step
 
-    def _message(self, stop_code: int, step: int, live: set) -> torch.Tensor:
-        flags = [int(r in live) for r in range(self.comm.world_size)]
+    def _message(self, stop_code: int, step: int, live: dict[int, int]) -> torch.Tensor:
+        flags = [live[r] + 1 if r in live else 0 for r in range(self.comm.world_size)]
         return torch.tensor([stop_code, step] + flags, dtype=torch.int64)
 
-    def _apply(self, algorithm, step: int, live: set) -> None:
-        joined, lost = sorted(live - self.live), sorted(self.live - live)
+    def _decode(self, message: torch.Tensor) -> dict[int, int]:
+        return {r: int(message[2 + r]) - 1 for r in range(self.comm.world_size) if message[2 + r] > 0}
+
+    def _apply(self, algorithm, step: int, live: dict[int, int]) -> None:
+        joined = sorted(r for r in live if self.live.get(r) != live[r])  # new, or a newer process
+        lost = sorted(r for r in self.live if r not in live or self.live[r] != live[r])
         self.comm.set_membership(live)
-        self.live = live
+        self.live = dict(live)
         if joined or lost:
             algorithm.on_membership(step, sorted(live), joined, lost)
             if self.comm.rank == 0:

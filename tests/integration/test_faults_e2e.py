@@ -103,3 +103,51 @@ def test_link_changes_take_effect_on_the_tun_delay_line(test_prefix, write_yaml)
         assert drops[("a-0", "b-0")] >= 3 and drops[("b-0", "a-0")] == 0  # the partition's pings
     finally:
         backend.down()
+
+
+TOLERANT_SCENARIO = textwrap.dedent("""
+    name: tolerant
+    topology:
+      name: tol
+      address_pool: 10.236.0.0/24
+      regions: {a: {nodes: 2}, b: {nodes: 2}}
+      links: [{between: [a, b], rtt: 20ms, rate: 100Mbit}]
+    backend: tun
+    workload: {model: {name: mlp}, dataset: {name: digits}, eval_every: 20, lr: 0.05}
+    stop: {steps: 1000000, time_budget_s: 45}
+    algorithms: [{name: swarmsgd, params: {H: 2}}, {name: diloco, params: {H: 10}}]
+    verify: {enabled: false}
+    faults:
+      - {at: 10s, kind: node_crash, node: b-0, restart_after: 3s}
+""")
+
+
+def test_tolerant_algorithms_survive_a_crash_and_take_the_node_back(test_prefix, write_yaml, tmp_path):
+    """On the emulated WAN: the harness kills b-0 and restarts it; SwarmSGD and DiLoCo (on the elastic
+    tcp comm, chosen because the scenario crashes a node) go on, readmit it, and end ok; the report
+    shows the crash, the restart and the membership changes."""
+    path = write_yaml(TOLERANT_SCENARIO, "scenario.yaml")
+    result = subprocess.run([sys.executable, "-m", "emulator.cli", "run", path, "--output", str(tmp_path / "runs")],
+                            capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stderr
+    run_dir = next((tmp_path / "runs" / "tolerant").iterdir())
+    summary = pd.read_csv(run_dir / "summary.csv")
+    assert list(summary["status"]) == ["ok", "ok"], summary[["label", "status"]]
+    for job_dir in sorted((run_dir / "jobs").iterdir()):
+        job = json.loads((job_dir / "job.json").read_text())
+        assert job["status"] == "ok" and "crash tolerated: rank 2 killed at" in job["reason"], job
+        assert json.loads((job_dir / "config.json").read_text())["comm"]["backend"] == "tcp"
+        faults = [json.loads(line) for line in (job_dir / "faults.jsonl").read_text().splitlines()]
+        assert [f["what"] for f in faults] == ["node_crash b-0", "restart b-0"] and all(f["ok"] for f in faults)
+        rank0 = [json.loads(line) for line in (job_dir / "rank0.jsonl").read_text().splitlines()]
+        changes = [r for r in rank0 if r["kind"] == "membership"]
+        assert changes[0]["lost"] == [2] and changes[1]["joined"] == [2], changes
+        rank2 = [json.loads(line) for line in (job_dir / "rank2.jsonl").read_text().splitlines()]
+        assert [r["kind"] for r in rank2].count("rejoin") == 1
+        assert rank2[-1]["kind"] == "status" and rank2[-1]["status"] == "ok"
+    assert (summary["final_accuracy"] > 0.85).all(), summary[["label", "final_accuracy"]]
+    report = subprocess.run([sys.executable, "-m", "emulator.cli", "report", str(run_dir), "--out",
+                             str(tmp_path / "report")], capture_output=True, text=True, timeout=200)
+    assert report.returncode == 0, report.stderr
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "## Faults" in text and "crash" in text and "rank 2 lost" in text and "rank 2 rejoined" in text
