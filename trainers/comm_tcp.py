@@ -18,8 +18,8 @@ Membership. Every peer is ``live``, ``joining`` or ``gone``:
   receives from it raise :class:`PeerLost` (messages that arrived before the crash are still
   delivered, in order).
 * A restarted rank (TORCHELASTIC_RESTART_COUNT > 0, as torchrun sets it) says hello to rank 0,
-  gets the table, connects to every reachable peer with its new generation number, and then tells
-  rank 0 it is ready. Its peers see it as ``joining`` and ignore it until the coordinator (rank 0)
+  gets the table, connects to every reachable peer with its new generation number, and tells
+  rank 0 when it is ready to train (:meth:`ready_to_join`). Its peers see it as ``joining`` and ignore it until the coordinator (rank 0)
   admits it: :meth:`set_membership`, called on every rank at the same step (the runner does it at
   evaluation points) with each live rank's generation, so a peer whose new connection is still
   on its way is admitted when it arrives, and a crash rank 0 has not noticed yet is not undone.
@@ -142,8 +142,6 @@ class TcpComm(Comm):
                         self._connect(peer, retry_until=time.monotonic())
                     except OSError as error:
                         self._peers[peer].why = f"is unreachable ({error})"
-            # Only now may rank 0 admit us: every peer has our connection (or is unreachable).
-            self._peers[COORDINATOR].connection.outbox.put((FRAME.pack(MAGIC, READY, 0, 0), None, None, None))
 
     # -- membership ------------------------------------------------------------------------------
 
@@ -157,6 +155,14 @@ class TcpComm(Comm):
         with self._lock:
             return sorted(r for r, p in self._peers.items() if p.state == "joining" and p.ready)
 
+    def ready_to_join(self) -> None:
+        """On a restarted rank, once it can train (data loaded, model built): ask rank 0 to admit it.
+
+        Every peer has this rank's new connection by now (or is unreachable), so whatever rank 0
+        decides, the peers can exchange with it at once.
+        """
+        self._peers[COORDINATOR].connection.outbox.put((FRAME.pack(MAGIC, READY, 0, 0), None, None, None))
+
     def generations(self) -> dict[int, int]:
         """The generation (restart count) of every rank's current process, as this rank knows it."""
         with self._lock:
@@ -169,14 +175,14 @@ class TcpComm(Comm):
         """Agree with rank 0: ``live`` maps each live rank to the generation of its process.
 
         A joining peer of that generation is admitted; one whose new connection has not arrived
-        yet is admitted when it does; a live peer missing from ``live`` is dropped; a peer this
-        rank saw crash stays gone (rank 0 will notice too).
+        yet is admitted when it does; a live peer missing from ``live`` is dropped (a joining one
+        keeps waiting); a peer this rank saw crash stays gone (rank 0 will notice too).
         """
         with self._lock:
             for rank, peer in self._peers.items():
                 if rank not in live:
                     peer.admit = None
-                    if peer.state != "gone":
+                    if peer.state == "live":  # a joining one waits for its admission
                         self._drop(peer, "was dropped from the membership")
                 elif peer.generation == live[rank] and peer.state == "joining":
                     peer.state = "live"

@@ -275,6 +275,7 @@ class _Membership:
         """On a restarted rank: wait (until rank 0 ends) to be admitted; returns the step it was
         admitted at, or None if the job ended first."""
         message = self._message(0, 0, {})
+        self.comm.ready_to_join()
         while True:
             try:
                 self.comm.recv(message, 0)

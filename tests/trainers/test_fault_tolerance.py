@@ -76,6 +76,7 @@ TRANSPORT_SCRIPT = textwrap.dedent("""
             flags = torch.zeros(world, dtype=torch.int64)
             comm.recv(flags, 0)
     else:
+        comm.ready_to_join()
         flags = torch.zeros(world, dtype=torch.int64)
         comm.recv(flags, 0)
     comm.set_membership({r: (1 if r == 2 else 0) for r in range(world) if flags[r]})
