@@ -9,12 +9,13 @@ Events (times are seconds after the job's processes start):
     node_crash            {node: tokyo-0, restart_after: "10s"?}: SIGKILL the node's process
     straggler             {node, factor: 3, duration?}: the node's CPU limit divided by factor
 
-Policy: the network keeps every TCP connection (a partition only holds packets back or drops
-them, so TCP retransmits and collectives wait until the link is up again). A crashed rank ends
-the job for algorithms built on collectives (their peers' collectives fail: status `failed`,
-with the injected crash named in the reason); the built-in trainers do not rejoin a group, so a
-restart is for user commands that handle it. Every event and what it did goes to the job's
-`faults.jsonl`.
+Policy (docs/SCENARIOS.md, "Faults"): the network keeps every TCP connection (a partition only
+holds packets back or drops them, so TCP retransmits and everyone waits until the link is up
+again). A crashed rank ends the job for algorithms built on collectives (status `failed`, with the
+injected crash named in the reason). Crash-tolerant algorithms (async_ps, dpsgd, adpsgd,
+swarmsgd, diloco) run on the elastic tcp comm when a scenario crashes nodes: the others go on and
+a restarted rank (TORCHELASTIC_RESTART_COUNT) is admitted back; emulator/run.py then does not count
+the killed process as a failure. Every event and what it did goes to the job's `faults.jsonl`.
 """
 
 from __future__ import annotations
