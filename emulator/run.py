@@ -197,6 +197,10 @@ def launch_job(plan: Plan, job: Job, job_dir: Path, master_port: int, timeout_s:
         restart_pending.discard(node.rank)
         if procs[node.rank].poll() is None:
             return f"rank {node.rank} still running; not restarted"
+        if job.command is None and not tolerant:
+            # Policy: a rank of an algorithm built on collectives cannot rejoin; its job fails.
+            return (f"not restarted: {job.trainer_config['algorithm']['name']} needs every rank in every "
+                    "collective and cannot take a rank back (the job fails)")
         restarts[node.rank] = restarts.get(node.rank, 0) + 1
         spawn(node, restarts=restarts[node.rank])
         return f"rank {node.rank} restarted as pid {procs[node.rank].pid}"
@@ -255,6 +259,9 @@ def launch_job(plan: Plan, job: Job, job_dir: Path, master_port: int, timeout_s:
                 failed_at = time.monotonic()
             if failed_at is not None and time.monotonic() - failed_at > FAILED_RANK_GRACE_S:
                 bad = [exit_reason(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+                # a crashed rank that was restarted meanwhile is running again: still name the crash
+                bad += [f"rank {i} killed by the injected node_crash at {t:.1f} s" for i, t in sorted(crashed.items())
+                        if codes[i] is None]
                 stop_processes(procs)
                 outcome = JobOutcome(job.job_id, "failed", time.monotonic() - start,
                                      "; ".join(bad) + "; the other ranks were ended")

@@ -102,3 +102,29 @@ def test_fault_errors_name_the_field(write_yaml, event, field, words):
         load_scenario(path)
     assert str(info.value).startswith(f"{path}: {field}"), str(info.value)
     assert words in str(info.value)
+
+
+def test_a_crashing_scenario_runs_tolerant_algorithms_on_the_elastic_comm(write_yaml):
+    """Policy: with a node_crash, crash-tolerant algorithms get comm tcp; collective ones keep gloo
+    (and fail clearly); a workload that names a backend keeps it."""
+    text = (SCENARIO % "{at: 1s, kind: node_crash, node: b-0, restart_after: 2s}").replace(
+        "algorithms: [{name: sync}]", "algorithms: [{name: sync}, {name: swarmsgd}, {name: diloco}]")
+    jobs = {job.label: job.trainer_config for job in load_scenario(write_yaml(text, "s.yaml")).jobs}
+    assert jobs["swarmsgd"]["comm"]["backend"] == "tcp" and jobs["diloco"]["comm"]["backend"] == "tcp"
+    assert "comm" not in jobs["sync"]
+    pinned = text.replace("algorithms:", "workload: {comm: {backend: gloo}}\nalgorithms:")
+    assert all(job.trainer_config["comm"]["backend"] == "gloo"
+               for job in load_scenario(write_yaml(pinned, "p.yaml")).jobs)
+    calm = text.replace("{at: 1s, kind: node_crash, node: b-0, restart_after: 2s}",
+                        "{at: 1s, kind: link_down, between: [a, b]}")
+    assert all("comm" not in job.trainer_config for job in load_scenario(write_yaml(calm, "c.yaml")).jobs)
+
+
+def test_tcp_comm_for_an_algorithm_built_on_collectives_names_the_field(write_yaml):
+    text = (SCENARIO % "{at: 1s, kind: link_down, between: [a, b]}").replace(
+        "algorithms:", "workload: {comm: {backend: tcp}}\nalgorithms:")
+    path = write_yaml(text, "s.yaml")
+    with pytest.raises(ConfigError) as info:
+        load_scenario(path)
+    assert str(info.value) == (f"{path}: workload.comm.backend: tcp is only for crash-tolerant algorithms; "
+                               "sync needs every rank in every collective")
