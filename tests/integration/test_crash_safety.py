@@ -64,9 +64,15 @@ def kill_at_random(argv, low_s, high_s, rng):
 def test_sigkill_during_up_then_clean(test_prefix, write_yaml):
     topo = write_yaml(TOPOLOGY)
     rng = random.Random(1234)
+    # Kill times are drawn within how long one whole `up` takes on this machine now (a fixed
+    # window let a fast, idle machine finish `up` before most kills).
+    started = time.monotonic()
+    subprocess.run(wanbench_argv("up", topo, "--backend", "tun"), check=True, capture_output=True, timeout=120)
+    up_s = time.monotonic() - started
+    subprocess.run(wanbench_argv("clean"), check=True, capture_output=True, timeout=60)
     killed = 0
     for trial in range(UP_TRIALS):
-        code = kill_at_random(wanbench_argv("up", topo, "--backend", "tun"), 0.0, 1.5, rng)
+        code = kill_at_random(wanbench_argv("up", topo, "--backend", "tun"), 0.0, 0.9 * up_s, rng)
         killed += code == -signal.SIGKILL
         subprocess.run(wanbench_argv("clean"), check=True, capture_output=True, timeout=60)
         assert leftovers(test_prefix) == [], f"trial {trial}"
