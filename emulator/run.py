@@ -170,8 +170,8 @@ def launch_job(plan: Plan, job: Job, job_dir: Path, master_port: int, timeout_s:
                "TP_SOCKET_IFNAME": ifname, "RANK": str(node.rank), "WORLD_SIZE": str(world),
                "LOCAL_RANK": "0", "MASTER_ADDR": master.address, "MASTER_PORT": str(master_port),
                "WANBENCH_NODE": node.name, "WANBENCH_OUTPUT_DIR": str(job_dir),
-               "WANBENCH_RESTARTS": str(restarts),
-               # torchrun's name for it: a crash-tolerant trainer rejoins instead of starting afresh
+               # torchrun's variable: a crash-tolerant trainer (or a user's script) rejoins instead
+               # of starting afresh
                "TORCHELASTIC_RESTART_COUNT": str(restarts),
                # one intra-op thread per node unless the user says otherwise: N nodes share the
                # machine's cores, and torch's default (all cores each) oversubscribes them

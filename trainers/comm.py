@@ -223,7 +223,7 @@ class Comm(ABC):
         flat = tensor.view(-1)
         chunks = list(torch.tensor_split(flat, n))
         right, left = (self.rank + 1) % n, (self.rank - 1) % n
-        combine = {"sum": torch.Tensor.add_, "avg": torch.Tensor.add_, "max": _max_, "min": _min_}[op]
+        combine = COMBINE[op]
         scratch = torch.empty_like(chunks[0])
         for step in range(n - 1):  # reduce-scatter: rank r ends owning the reduced chunk r+1
             send_index, recv_index = (self.rank - step) % n, (self.rank - step - 1) % n
@@ -309,8 +309,20 @@ def _max_(target: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     return torch.maximum(target, other, out=target)
 
 
+def require_torchrun_env(env) -> None:
+    """Fail clearly unless the torchrun variables every backend's rendezvous needs are set."""
+    missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if v not in env]
+    if missing:
+        raise RuntimeError(f"environment variables {missing} are not set: start one process per node with "
+                           "torchrun, or set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT yourself")
+
+
 def _min_(target: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     return torch.minimum(target, other, out=target)
+
+
+# In-place combination of a received chunk into the local one, per reduce op ("avg": sum, then divide).
+COMBINE = {"sum": torch.Tensor.add_, "avg": torch.Tensor.add_, "max": _max_, "min": _min_}
 
 
 def _nbytes(tensor: torch.Tensor) -> int:
@@ -339,12 +351,7 @@ class TorchComm(Comm):
         self.backend = backend
         self.device = torch.device(device)
         if not dist.is_initialized():
-            missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
-            if missing:
-                raise RuntimeError(
-                    f"environment variables {missing} are not set: start one process per node with "
-                    "torchrun, or set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT yourself"
-                )
+            require_torchrun_env(os.environ)
             kwargs = {}
             if backend == "nccl":
                 kwargs["device_id"] = self.device

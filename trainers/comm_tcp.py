@@ -34,7 +34,6 @@ collective is made of the sends and receives it is accounted as.
 
 from __future__ import annotations
 
-import collections
 import itertools
 import json
 import os
@@ -48,7 +47,7 @@ from typing import Callable, Optional
 
 import torch
 
-from trainers.comm import Comm, PeerLost, ReduceOp, Work, _max_, _min_, _nbytes
+from trainers.comm import COMBINE, Comm, PeerLost, ReduceOp, Work, _nbytes, require_torchrun_env
 
 MAGIC = b"WBT1"
 # magic, frame kind, generation (HELLO) or 0, payload bytes
@@ -97,10 +96,7 @@ class TcpComm(Comm):
 
     def __init__(self, timeout_s: float = 300.0, device: torch.device | str = "cpu", env=None):
         env = os.environ if env is None else env
-        missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if v not in env]
-        if missing:
-            raise RuntimeError(f"environment variables {missing} are not set: start one process per node "
-                               "with torchrun, or set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT yourself")
+        require_torchrun_env(env)
         super().__init__(int(env["RANK"]), int(env["WORLD_SIZE"]))
         self.backend = "tcp"
         self.device = torch.device(device)
@@ -269,7 +265,7 @@ class TcpComm(Comm):
             _fill(tensor, data)
             return peer.rank
 
-        return wait_fn, lambda: unclaimed() is not None
+        return wait_fn, ready  # done, or would raise at once
 
     # -- collectives: a star through the coordinator over the live ranks ---------------------------
 
@@ -277,24 +273,13 @@ class TcpComm(Comm):
         """Reduce over the live ranks through rank 0; a rank lost meanwhile is left out (avg divides
         by the ranks that took part). Runs at once; with ``async_op`` returns a completed handle."""
         if self.rank == COORDINATOR:
-            parts = {}
-            for rank in self.live_ranks()[1:]:
-                part = torch.empty_like(tensor)
-                try:
-                    self.recv(part, rank)
-                    parts[rank] = part
-                except PeerLost:
-                    pass
-            combine = {"sum": torch.Tensor.add_, "avg": torch.Tensor.add_, "max": _max_, "min": _min_}[op]
-            for rank in sorted(parts):
-                combine(tensor, parts[rank])
+            parts = {rank: torch.empty_like(tensor) for rank in self.live_ranks()[1:]}
+            arrived = self._each(parts, lambda rank: self.irecv(parts[rank], rank))
+            for rank in arrived:  # in rank order: the same sum whatever the arrival order
+                COMBINE[op](tensor, parts[rank])
             if op == "avg":
-                tensor.div_(len(parts) + 1)
-            for rank in sorted(parts):
-                try:
-                    self.send(tensor, rank)
-                except PeerLost:
-                    pass
+                tensor.div_(len(arrived) + 1)
+            self._each(arrived, lambda rank: self.isend(tensor, rank))
         else:
             self.send(tensor, COORDINATOR)
             self.recv(tensor, COORDINATOR)
@@ -308,12 +293,7 @@ class TcpComm(Comm):
     def broadcast(self, tensor: torch.Tensor, src: int, async_op: bool = False) -> Optional[Work]:
         """Send ``src``'s tensor to every live rank (lost ones are skipped)."""
         if self.rank == src:
-            for rank in self.live_ranks():
-                if rank != src:
-                    try:
-                        self.send(tensor, rank)
-                    except PeerLost:
-                        pass
+            self._each([r for r in self.live_ranks() if r != src], lambda rank: self.isend(tensor, rank))
         else:
             self.recv(tensor, src)
         return _done(self) if async_op else None
@@ -350,6 +330,25 @@ class TcpComm(Comm):
         self._listener.close()
 
     # -- internals -------------------------------------------------------------------------------
+
+    @staticmethod
+    def _each(ranks, start: Callable[[int], Work]) -> list[int]:
+        """Start a transfer with every rank, then wait for all (so they overlap on the WAN); returns
+        the ranks whose transfer completed, in order (a peer lost meanwhile is left out)."""
+        works = {}
+        for rank in sorted(ranks):
+            try:
+                works[rank] = start(rank)
+            except PeerLost:
+                pass
+        done = []
+        for rank, work in works.items():
+            try:
+                work.wait()
+                done.append(rank)
+            except PeerLost:
+                pass
+        return done
 
     def _peer_for(self, rank: int) -> _Peer:
         if rank not in self._peers:
@@ -545,7 +544,7 @@ def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _fill(tensor: torch.Tensor, data: bytearray) -> None:
-    expected = tensor.numel() * tensor.element_size()
+    expected = _nbytes(tensor)
     if len(data) != expected:
         raise RuntimeError(f"message of {len(data)} bytes for a tensor of {expected} bytes: ranks disagree "
                            "on what they exchange")

@@ -253,15 +253,16 @@ class _Membership:
             joining = comm.joining_ranks()
             generations = comm.generations()
             live = {rank: generations[rank] for rank in comm.live_ranks() + joining}
+            message = self._message(stop_code, step, live)  # as it was before any send failed
             payload = _pack(algorithm.rejoin_state(deployable)) if joining else None
             for rank in sorted(set(live) - {0}):
                 try:
                     if rank in joining:
-                        comm.send_admission(self._message(stop_code, step, live), rank)
+                        comm.send_admission(message, rank)
                         comm.send_admission(torch.tensor([payload.numel()], dtype=torch.int64), rank)
                         comm.send_admission(payload, rank)
                     else:
-                        comm.send(self._message(stop_code, step, live), rank)
+                        comm.send(message, rank)
                 except PeerLost:
                     live.pop(rank)
         else:

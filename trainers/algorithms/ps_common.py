@@ -189,7 +189,7 @@ class ParameterServerAlgorithm(Algorithm):
                 payload = torch.empty(stop - start, dtype=self.shard.dtype, device=self.shard.device)
                 self.comm.recv(payload, source)
             except PeerLost as lost:
-                self.active.discard(lost.rank)  # gone: stop waiting for it
+                self._peer_lost(lost)  # a worker gone: stop waiting for it
                 continue
             age = self.server_state.version - int(base_version)
             reply = self.server_apply(payload, bool(want_reply))
@@ -242,10 +242,8 @@ class ParameterServerAlgorithm(Algorithm):
     def _send(self, tensor: torch.Tensor, dst: int) -> None:
         try:
             self._pending.append((self.comm.isend(tensor, dst), tensor))
-        except PeerLost:
-            if dst in self.server_ranks:
-                raise  # a worker cannot go on without a server
-            self.active.discard(dst)
+        except PeerLost as lost:
+            self._peer_lost(lost)
 
     def _prune(self, block: bool = False) -> None:
         """Drop finished sends (all of them, waiting, with ``block``); raises if one failed,
@@ -256,14 +254,18 @@ class ParameterServerAlgorithm(Algorithm):
                 try:
                     work.wait()
                 except PeerLost as lost:
-                    if lost.rank in self.server_ranks:
-                        raise
-                    self.active.discard(lost.rank)
+                    self._peer_lost(lost)
             else:
                 still_running.append((work, tensor))
         self._pending = still_running
 
     # -- crash tolerance ------------------------------------------------------------------------
+
+    def _peer_lost(self, lost: PeerLost) -> None:
+        """A worker that is gone is no longer waited for; a server cannot be done without."""
+        if lost.rank in self.server_ranks:
+            raise lost
+        self.active.discard(lost.rank)
 
     def on_membership(self, step: int, live: list[int], joined: list[int], lost: list[int]) -> None:
         """A server waits for admitted workers from the next step on, and no longer for lost ones."""
