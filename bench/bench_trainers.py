@@ -44,6 +44,8 @@ import torch.multiprocessing as mp
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from harness.environment import environment  # noqa: E402
+
 VARIANTS = ("ours_sync", "torch_ddp", "ours_local_sgd", "torch_post_local_sgd", "ours_quantized", "torch_powersgd")
 # Each "ours" variant is compared with the torch implementation a user would otherwise pick.
 PAIRS = (("ours_sync", "torch_ddp"), ("ours_local_sgd", "torch_post_local_sgd"), ("ours_quantized", "torch_powersgd"))
@@ -212,21 +214,6 @@ def rank_main(rank: int, args: argparse.Namespace, port: int, result_path: str) 
     comm.shutdown()
 
 
-def environment() -> dict:
-    from emulator.run import cpu_model
-
-    return {
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "host": socket.gethostname(),
-        "cpu": cpu_model() or "unknown",
-        "cores": os.cpu_count(),
-        "load_avg_1m": os.getloadavg()[0],
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "platform": platform.platform(),
-    }
-
-
 def collectives_main(args: argparse.Namespace) -> int:
     """One rank: median time of all_reduce and ring_all_reduce per size; rank 0 prints the table."""
     from trainers.comm import TorchComm
@@ -325,7 +312,7 @@ def main(argv=None) -> int:
 
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    stamp = env["date_utc"].replace(":", "").replace("+0000", "Z")
+    stamp = env["date"].replace(":", "").replace("+00:00", "Z")
     csv_path = out_dir / f"bench_trainers_{stamp}.csv"
     with open(csv_path, "w", newline="") as handle:
         stat_keys = list(dict.fromkeys(k for stats in summary.values() for k in stats))

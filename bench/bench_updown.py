@@ -22,6 +22,7 @@ import importlib
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -30,11 +31,15 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+# --code DIR: time the emulator of another checkout (e.g. `git archive` of main), for a before/after
+# comparison run side by side with this one; read before the imports below.
+CODE_ROOT = Path(sys.argv[sys.argv.index("--code") + 1]).resolve() if "--code" in sys.argv[:-1] else ROOT
+sys.path.insert(0, str(CODE_ROOT))
 
 from emulator.backends.base import REGISTRY, BackendUnavailable, read_state  # noqa: E402
 from emulator.plan import make_plan, prefix  # noqa: E402
 from emulator.topology import load_topology  # noqa: E402
+from harness.environment import environment  # noqa: E402
 
 MININET = "mininet-plain"
 TOPOLOGY_FILE = ROOT / "topologies" / "aws-4region.yaml"
@@ -78,6 +83,7 @@ def plain_mininet_run(plan) -> dict:
 def backend_run(cls, plan) -> dict:
     """One `up` then `down` of backend `cls` on `plan`; seconds. On failure, down, then raise."""
     backend = cls(plan)
+    cpu_start = cpu_seconds()
     start = time.perf_counter()
     try:
         backend.up()
@@ -87,42 +93,29 @@ def backend_run(cls, plan) -> dict:
     built = time.perf_counter()
     backend.down()
     stopped = time.perf_counter()
-    return {"up_s": built - start, "down_s": stopped - built, "total_s": stopped - start}
+    return {"up_s": built - start, "down_s": stopped - built, "total_s": stopped - start,
+            "cpu_s": cpu_seconds() - cpu_start}
 
 
-def environment() -> dict[str, str]:
-    """Hardware, versions and date, for the table header and the CSV."""
-    cpu = "unknown"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
-    mem_kb = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
-                  if line.startswith("MemTotal"))
+def cpu_seconds() -> float:
+    """CPU time of this process and of the children it has reaped (the delay line, node holders)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def bench_environment() -> dict:
+    """Hardware, versions and date (harness.environment) plus Mininet's and pyroute2's versions."""
     from emulator.backends import mininet
 
     mn = subprocess.run([mininet.MININET_PYTHON, "-I", "-c",
                          "import mininet.net, platform; print(mininet.net.VERSION, platform.python_version())"],
                         capture_output=True, text=True)
     mn_version, system_python = (mn.stdout.split() + ["?", "?"])[:2]
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
     import pyroute2
 
-    return {
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "host": platform.node(),
-        "cpu": f"{cpu} x {os.cpu_count()}",
-        "memory_gib": f"{mem_kb / 2**20:.1f}",
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "mininet": f"{mn_version} (system python {system_python})",
-        "pyroute2": pyroute2.__version__,
-        "wanbench_commit": commit or "?",
-        "prefix": prefix(),
-        # The machine may be shared (colleagues' tests): the load says how much to trust a ratio.
-        "loadavg_1min_start": f"{os.getloadavg()[0]:.2f}",
-    }
+    # The machine may be shared (colleagues' tests): the load says how much to trust a ratio.
+    return environment(mininet=f"{mn_version} (system python {system_python})", pyroute2=pyroute2.__version__,
+                       prefix=prefix(), code=str(CODE_ROOT), loadavg_1min_start=f"{os.getloadavg()[0]:.2f}")
 
 
 def main(argv=None) -> int:
@@ -132,6 +125,8 @@ def main(argv=None) -> int:
     parser.add_argument("--backends", nargs="*", default=None,
                         help="wanbench backends to time (default: every registered and available one)")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench")
+    parser.add_argument("--code", type=Path, default=ROOT,
+                        help="checkout whose emulator is timed (default: this one); for before/after runs")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("bench_updown needs root (namespaces, bridges): run with sudo")
@@ -139,7 +134,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"a network is up under prefix {prefix()}; run 'wanbench down' or set WANBENCH_PREFIX")
 
     import_errors = register_all()
-    env = environment()
+    env = bench_environment()
     for key, value in env.items():
         print(f"{key:16} {value}")
     for module, error in import_errors.items():
@@ -183,12 +178,13 @@ def main(argv=None) -> int:
 
     env["loadavg_1min_end"] = f"{os.getloadavg()[0]:.2f}"
     args.out.mkdir(parents=True, exist_ok=True)
-    stamp = env["date_utc"].replace(":", "").replace("-", "")
+    stamp = env["date"].replace(":", "").replace("-", "").replace("+0000", "Z").replace("+00:00", "Z")
     csv_path = args.out / f"updown-{stamp}.csv"
     with open(csv_path, "w", newline="") as handle:
         for key, value in env.items():
             handle.write(f"# {key}: {value}\n")
-        writer = csv.DictWriter(handle, fieldnames=["system", "nodes", "repeat", "up_s", "down_s", "total_s"])
+        writer = csv.DictWriter(handle, fieldnames=["system", "nodes", "repeat", "up_s", "down_s", "total_s",
+                                                    "cpu_s"])
         writer.writeheader()
         for row in rows:
             writer.writerow({k: (f"{v:.6f}" if isinstance(v, float) else v) for k, v in row.items()})

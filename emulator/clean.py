@@ -1,31 +1,28 @@
 """`wanbench clean`: remove everything carrying our prefix that a crash may have left behind.
 
-Idempotent, and it touches only objects named with the prefix: namespaces `<prefix>-*` (and the
-processes inside them, which only we start there), host links `<prefix>*`, our background
-processes (identified by their command line naming our state folder), cgroups `<prefix>-*`,
-/etc/netns/<prefix>-* and the run state. It never kills by a broad process name.
+Idempotent, and it touches only objects named with the prefix: node holders (command line: the
+holder script and our state folder; ending one ends every process of its node), namespaces
+`<prefix>-*` (and the processes inside them, which only we start there), host links `<prefix>*`, our
+background processes (identified by their command line naming our state folder), cgroups
+`<prefix>-*` (cpu, memory, pids), /etc/netns/<prefix>-* and the run state. Mounts need nothing: a
+node's exist only in its mount namespace, gone with its last process. It never kills by a broad
+process name.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 from pyroute2 import IPRoute
 
-from . import netns
+from . import cgroups, netns, nodes
 from .backends.base import Backend, clear_state
+from .processes import stop_pids
 
-CGROUP_ROOTS = [Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup/cpu,cpuacct"), Path("/sys/fs/cgroup")]
-
-
-def _pids_in_namespace(name: str) -> list[int]:
-    out = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True)
-    return [int(p) for p in out.stdout.split()]
+CGROUP_ROOTS = [Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup/cpu,cpuacct"), Path("/sys/fs/cgroup/memory"),
+                Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup")]
 
 
 def our_background_pids(prefix: str) -> list[int]:
@@ -44,34 +41,18 @@ def our_background_pids(prefix: str) -> list[int]:
     return pids
 
 
-def terminate_pids(pids: list[int], grace_s: float = 3.0) -> None:
-    """SIGTERM, then SIGKILL whatever is still alive after `grace_s`."""
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + grace_s
-    alive = list(pids)
-    while alive and time.monotonic() < deadline:
-        alive = [pid for pid in alive if Path(f"/proc/{pid}").exists()]
-        time.sleep(0.05)
-    for pid in alive:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 def clean(prefix: str) -> list[str]:
     """Remove every object with `prefix`; return what was removed (empty when nothing was left)."""
     removed: list[str] = []
     namespaces = netns.list_namespaces(prefix)
-    inside = [pid for name in namespaces for pid in _pids_in_namespace(name)]
-    background = our_background_pids(prefix)
-    if inside or background:
-        terminate_pids(inside + background)
-        removed += [f"process {pid}" for pid in inside + background]
+    # Node holders first (found by command line, even when their namespace lost its name): their
+    # PID 1 ends every process of its node, daemons included, when it gets SIGTERM.
+    holders = nodes.leftover_holders(prefix)
+    inside = [pid for found in netns.pids_in_each(namespaces).values() for pid in found if pid not in holders]
+    background = [pid for pid in our_background_pids(prefix) if pid not in holders]
+    if holders or inside or background:
+        stop_pids(holders + inside + background)
+        removed += [f"process {pid}" for pid in holders + inside + background]
     for name in namespaces:
         netns.remove_namespace(name)
         removed.append(f"namespace {name}")
@@ -91,7 +72,8 @@ def clean(prefix: str) -> list[str]:
         if root.is_dir():
             for group in root.glob(f"{prefix}-*"):
                 try:
-                    group.rmdir()  # cgroup folders are removed with rmdir once empty
+                    # rmdir once empty; the processes just killed may take a moment to leave it
+                    cgroups.remove(group, timeout_s=2.0)
                     removed.append(f"cgroup {group}")
                 except OSError:
                     pass

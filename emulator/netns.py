@@ -12,10 +12,12 @@ import logging
 import os
 import shutil
 from pathlib import Path
+from typing import Iterable
 
 from pyroute2 import IPRoute, NetNS, netns
 
 from .plan import Node, Plan
+from .processes import stop_pids
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +76,12 @@ def create_node(plan: Plan, node: Node) -> None:
 
 
 def create_nodes(plan: Plan) -> None:
+    """Every node's namespace, then its holder (own hostname, IPC, PID space, mounts, cgroups)."""
+    from . import nodes  # nodes -> backends.base -> plan; imported late to keep netns light
+
     for node in plan.nodes:
         create_node(plan, node)
+    nodes.start(plan)
 
 
 def list_namespaces(prefix: str) -> list[str]:
@@ -93,7 +99,55 @@ def remove_namespace(name: str) -> None:
     shutil.rmtree(NETNS_ETC_DIR / name, ignore_errors=True)
 
 
+def pids_in_each(names: Iterable[str]) -> dict[str, list[int]]:
+    """Processes in each named network namespace (as `ip netns pids`), in one pass over /proc."""
+    names = list(names)
+    by_inode = {}
+    for name in names:
+        try:
+            target = os.stat(NETNS_RUN_DIR / name)
+        except OSError:
+            continue
+        by_inode[(target.st_dev, target.st_ino)] = name
+    found: dict[str, list[int]] = {name: [] for name in names}
+    if not by_inode:
+        return found
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                ns = os.stat(entry / "ns" / "net")
+            except OSError:
+                continue
+            name = by_inode.get((ns.st_dev, ns.st_ino))
+            if name is not None:
+                found[name].append(int(entry.name))
+    return found
+
+
+def pids_in(name: str) -> list[int]:
+    """Processes whose network namespace is the named one."""
+    return pids_in_each([name])[name]
+
+
+def end_processes(names: Iterable[str], grace_s: float = 3.0, spare: Iterable[int] = ()) -> list[int]:
+    """SIGTERM every process in the named namespaces (but `spare`), SIGKILL after `grace_s`.
+
+    For what a node's holder did not end: processes put in the namespace by plain `ip netns exec`
+    or by another tool. Returns the pids signalled.
+    """
+    spared = set(spare)
+    pids = [pid for found in pids_in_each(names).values() for pid in found if pid not in spared]
+    stop_pids(pids, grace_s)
+    return pids
+
+
 def remove_nodes(plan: Plan) -> None:
+    """End every process of the nodes (holders, then any other process in their namespaces),
+    then remove the namespaces. Nothing of a node survives, a daemon included."""
+    from . import nodes
+
+    nodes.stop(plan)
+    end_processes(node.namespace for node in plan.nodes)
     for node in plan.nodes:
         remove_namespace(node.namespace)
 
@@ -111,6 +165,14 @@ def interface_of(node: Node) -> str:
     raise RuntimeError(f"node {node.name}: no interface holds {node.address} in {node.namespace}")
 
 
-def exec_argv(node: Node, argv: list[str]) -> list[str]:
-    """The argument list that runs `argv` inside a node (hosts file included)."""
-    return ["ip", "netns", "exec", node.namespace, *argv]
+def exec_argv(node: Node, argv: list[str], share: Iterable[os.PathLike | str] = ()) -> list[str]:
+    """The argument list that runs `argv` inside a running node: its network, UTS, IPC, PID and
+    mount namespaces (hosts file, private /tmp and /dev/shm) and its cgroups (`nodes.enter_argv`).
+
+    The process it starts stands for `argv`: signals are passed on, its exit status is argv's, and
+    killing it kills argv. The working folder and the `share` folders (a job's output folder) are
+    visible inside the node even where they lie under the host's /tmp.
+    """
+    from . import nodes
+
+    return nodes.enter_argv(node, argv, share)

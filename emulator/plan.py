@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Optional
 
 from .linkspec import LinkSpec
+from .schema import ConfigError
 
 if TYPE_CHECKING:  # plan.py is imported by the delay line, which must not pay for pydantic
     from .topology import Topology
@@ -35,7 +36,7 @@ def prefix() -> str:
     """The object-name prefix in force (WANBENCH_PREFIX, default "wanb")."""
     value = os.environ.get("WANBENCH_PREFIX", DEFAULT_PREFIX)
     if not PREFIX_PATTERN.match(value):
-        raise ValueError(f"WANBENCH_PREFIX={value!r}: use 2-6 lower-case letters/digits starting with a letter")
+        raise ConfigError("WANBENCH_PREFIX", f"{value!r}: use 2-6 lower-case letters/digits starting with a letter", source="environment")
     return value
 
 
@@ -61,7 +62,9 @@ class Plan:
     nodes: tuple[Node, ...]
     region_links: dict  # (src_region, dst_region) -> LinkSpec, intra-region included, queues resolved
     tcp_buffer_max_bytes: int
-    cpu_share: Optional[float] = None  # fraction of one core per node (None: unlimited)
+    cpu_share: Optional[float] = None  # cores per node, a cgroup CPU quota (0.5: half a core; None: unlimited)
+    memory_bytes: Optional[int] = None  # per node, everything it runs (cgroup memory; None: unlimited)
+    pids_max: Optional[int] = None      # processes and threads per node (cgroup pids; None: unlimited)
 
     def node(self, name: str) -> Node:
         for node in self.nodes:
@@ -80,6 +83,15 @@ class Plan:
             for dst in self.nodes:
                 if src is not dst:
                     yield src, dst, self.link(src, dst)
+
+    def segments_egress(self, node: Node) -> bool:
+        """True when some link leaving `node` loses packets (0 < loss < 100%).
+
+        Such a node must hand its links wire-sized packets, not 64 KB GSO/TSO frames: a link drops
+        what it is given, and a dropped GSO frame takes up to ~44 segments with it, which is not
+        the per-packet loss the spec states. Backends disable segmentation offload on its device.
+        """
+        return any(0.0 < self.link(node, dst).loss_fraction < 1.0 for dst in self.nodes if dst is not node)
 
     def hosts_file(self) -> str:
         """/etc/hosts content for every node's namespace, so `ping tokyo-0` resolves."""
@@ -171,4 +183,6 @@ def make_plan(topology: Topology, cpu_share: Optional[float] = None) -> Plan:
         region_links=region_links,
         tcp_buffer_max_bytes=tcp_buffer_bytes(region_links.values()),
         cpu_share=cpu_share,
+        memory_bytes=topology.memory_bytes,
+        pids_max=topology.pids_max,
     )

@@ -20,9 +20,13 @@ MAX_ALIASES = 100
 
 
 class ConfigError(Exception):
-    """A user's input file is wrong; str() is the one-line message shown to the user."""
+    """A user's input is wrong; str() is the one-line message shown to the user.
 
-    def __init__(self, source: str, field: str, message: str):
+    The same shape as trainers.config.ConfigError: `field` is the path of the offending field
+    ("links[2].rate", "" for the whole input), `source` the file (or flag, or variable) it came from.
+    """
+
+    def __init__(self, field: str, message: str, source: str = ""):
         # One line, whatever a file's keys or values hold (newlines and control characters escaped).
         field = field if field.isprintable() else field.encode("unicode_escape").decode("ascii")
         message = " ".join(message.split())
@@ -30,8 +34,11 @@ class ConfigError(Exception):
         self.source = source
         self.field = field
         self.message = message
-        where = f"{source}: {field}" if field else source
-        super().__init__(f"{where}: {message}")
+        super().__init__(": ".join(part for part in (source, field, message) if part))
+
+    def prefixed(self, prefix: str) -> "ConfigError":
+        """The same error with `prefix` put before its field path."""
+        return ConfigError(f"{prefix}.{self.field}" if self.field else prefix, self.message, self.source)
 
 
 class _CountingLoader(yaml.SafeLoader):
@@ -51,30 +58,30 @@ def load_yaml_mapping(path: str | os.PathLike) -> dict[str, Any]:
     file = Path(path)
     try:
         if not file.is_file():
-            raise ConfigError(source, "", "no such file" if not file.exists() else "not a regular file")
+            raise ConfigError("", "no such file" if not file.exists() else "not a regular file", source=source)
         size = file.stat().st_size
         if size > MAX_FILE_BYTES:
-            raise ConfigError(source, "", f"file is {size} bytes, more than the {MAX_FILE_BYTES} allowed")
+            raise ConfigError("", f"file is {size} bytes, more than the {MAX_FILE_BYTES} allowed", source=source)
         raw = file.read_bytes()
     except OSError as exc:
-        raise ConfigError(source, "", f"cannot read: {exc.strerror or exc}") from None
+        raise ConfigError("", f"cannot read: {exc.strerror or exc}", source=source) from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise ConfigError(source, "", "not a UTF-8 text file (binary?)") from None
+        raise ConfigError("", "not a UTF-8 text file (binary?)", source=source) from None
     if "\x00" in text:
-        raise ConfigError(source, "", "not a text file (contains NUL bytes)")
+        raise ConfigError("", "not a text file (contains NUL bytes)", source=source)
     try:
         data = yaml.load(text, Loader=_CountingLoader)  # noqa: S506 - SafeLoader subclass
     except yaml.YAMLError as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid YAML"
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
-        raise ConfigError(source, "", f"invalid YAML{where}: {first_line}") from None
+        raise ConfigError("", f"invalid YAML{where}: {first_line}", source=source) from None
     if data is None:
-        raise ConfigError(source, "", "file is empty; expected a YAML mapping")
+        raise ConfigError("", "file is empty; expected a YAML mapping", source=source)
     if not isinstance(data, dict):
-        raise ConfigError(source, "", f"expected a YAML mapping at the top level, got {type(data).__name__}")
+        raise ConfigError("", f"expected a YAML mapping at the top level, got {type(data).__name__}", source=source)
     return data
 
 
@@ -105,4 +112,4 @@ def config_error_from_pydantic(source: str, exc: pydantic.ValidationError) -> Co
     count = exc.error_count()
     if count > 1:
         message += f" (and {count - 1} more error{'s' if count > 2 else ''})"
-    return ConfigError(source, field_path(loc), " ".join(message.split()))
+    return ConfigError(field_path(loc), " ".join(message.split()), source=source)

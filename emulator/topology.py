@@ -29,6 +29,11 @@ MAX_NODES_PER_REGION = 1024
 MAX_NODES_TOTAL = 4096
 MAX_REGIONS = 64
 DEFAULT_ADDRESS_POOL = "10.201.0.0/16"
+# A node's holder (a small Python as PID 1) takes ~10 MB; below this nothing useful runs in a node.
+MIN_NODE_MEMORY_BYTES = 32 * 1000**2
+MAX_NODE_MEMORY_BYTES = 1 << 50
+MIN_NODE_PIDS = 8                 # the holder and a shell pipeline
+MAX_NODE_PIDS = 4_194_304         # the kernel's pid_max ceiling
 REGION_NAME_PATTERN = r"^[a-z][a-z0-9]{0,14}$"
 
 
@@ -38,7 +43,7 @@ def _bounded(value: float, low: float, high: float, what: str, shown: str) -> fl
     return value
 
 
-def _time(value: Any, what: str, low: float = 0.0, high: float = MAX_ONE_WAY_DELAY_MS) -> float:
+def bounded_time_ms(value: Any, what: str, low: float = 0.0, high: float = MAX_ONE_WAY_DELAY_MS) -> float:
     try:
         ms = parse_time_ms(value)
     except UnitError as exc:
@@ -46,7 +51,7 @@ def _time(value: Any, what: str, low: float = 0.0, high: float = MAX_ONE_WAY_DEL
     return _bounded(ms, low, high, what + " (ms)", repr(value))
 
 
-class _LinkFields(BaseModel):
+class LinkFields(BaseModel):
     """Shaping fields shared by defaults, intra-region settings and link entries."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -61,12 +66,12 @@ class _LinkFields(BaseModel):
     @field_validator("rtt", mode="before")
     @classmethod
     def _rtt(cls, v):
-        return None if v is None else _time(v, "rtt", high=2 * MAX_ONE_WAY_DELAY_MS)
+        return None if v is None else bounded_time_ms(v, "rtt", high=2 * MAX_ONE_WAY_DELAY_MS)
 
     @field_validator("delay", "jitter", mode="before")
     @classmethod
     def _delay(cls, v, info):
-        return None if v is None else _time(v, info.field_name)
+        return None if v is None else bounded_time_ms(v, info.field_name)
 
     @field_validator("rate", mode="before")
     @classmethod
@@ -115,7 +120,7 @@ class _LinkFields(BaseModel):
         return None
 
 
-class LinkEntry(_LinkFields):
+class LinkEntry(LinkFields):
     """A `links:` entry: `between: [a, b]` (both directions) or `from: a` + `to: b` (one direction)."""
 
     between: Optional[list[str]] = None
@@ -149,6 +154,37 @@ class LinkEntry(_LinkFields):
         return [(self.from_, self.to)]
 
 
+class NodeLimits(BaseModel):
+    """Per-node resource limits (`node_limits:` in a topology or scenario); None: unlimited."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    memory: Optional[int] = Field(None, description="bytes for everything the node runs, e.g. \"4GB\"")
+    pids: Optional[int] = Field(None, description="processes and threads in the node")
+
+    @field_validator("memory", mode="before")
+    @classmethod
+    def _memory(cls, v):
+        if v is None:
+            return None
+        if isinstance(v, int) and not isinstance(v, bool):
+            raise ValueError(f"memory {v!r} needs a unit, e.g. \"4GB\" or \"512MiB\"")
+        try:
+            size = parse_size_bytes(v)
+        except UnitError as exc:
+            raise ValueError(str(exc)) from None
+        return int(_bounded(size, MIN_NODE_MEMORY_BYTES, MAX_NODE_MEMORY_BYTES, "memory (bytes)", repr(v)))
+
+    @field_validator("pids", mode="before")
+    @classmethod
+    def _pids(cls, v):
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"pids must be a whole number of processes, got {v!r}")
+        return int(_bounded(v, MIN_NODE_PIDS, MAX_NODE_PIDS, "pids", repr(v)))
+
+
 class RegionEntry(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     nodes: Annotated[int, Field(ge=1, le=MAX_NODES_PER_REGION, strict=True)] = 1
@@ -165,9 +201,10 @@ class TopologyFile(BaseModel):
     address_pool: str = DEFAULT_ADDRESS_POOL
     regions: dict[Annotated[str, Field(pattern=REGION_NAME_PATTERN)], RegionEntry] = Field(
         min_length=1, max_length=MAX_REGIONS)
-    defaults: _LinkFields = _LinkFields()
-    intra_region: _LinkFields = _LinkFields()
+    defaults: LinkFields = LinkFields()
+    intra_region: LinkFields = LinkFields()
     links: list[LinkEntry] = []
+    node_limits: NodeLimits = NodeLimits()
 
     @field_validator("address_pool")
     @classmethod
@@ -204,6 +241,13 @@ class Topology:
     intra_region: LinkSpec
     address_pool: str
     description: str = ""
+    memory_bytes: Optional[int] = None   # per node (node_limits.memory); None: unlimited
+    pids_max: Optional[int] = None       # per node (node_limits.pids); None: unlimited
+
+    def with_limits(self, limits: "NodeLimits") -> "Topology":
+        """The same network with these node limits where they are given (a scenario's override)."""
+        return replace(self, memory_bytes=self.memory_bytes if limits.memory is None else limits.memory,
+                       pids_max=self.pids_max if limits.pids is None else limits.pids)
 
     def link(self, src_region: str, dst_region: str) -> LinkSpec:
         if src_region == dst_region:
@@ -245,7 +289,7 @@ _BUILTIN_DEFAULTS = dict(rate_bit_s=1e9, jitter_ms=0.0, loss_fraction=0.0, queue
 _BUILTIN_INTRA = LinkSpec(one_way_delay_ms=0.05, rate_bit_s=10e9)
 
 
-def _resolve(fields: _LinkFields, fallback: _LinkFields, base: dict, where: str) -> LinkSpec:
+def _resolve(fields: LinkFields, fallback: LinkFields, base: dict, where: str) -> LinkSpec:
     one_way = fields.one_way_ms()
     if one_way is None:
         one_way = fallback.one_way_ms()
@@ -283,14 +327,14 @@ def topology_from_dict(data: dict, source: str = "<topology>") -> Topology:
         for region in entry.directions()[0]:
             if region not in doc.regions:
                 known = ", ".join(doc.regions)
-                raise ConfigError(source, field, f"unknown region {region!r} (regions: {known})")
+                raise ConfigError(field, f"unknown region {region!r} (regions: {known})", source=source)
         for pair in entry.directions():
             if pair in links:
-                raise ConfigError(source, field, f"link {pair[0]}->{pair[1]} given twice")
+                raise ConfigError(field, f"link {pair[0]}->{pair[1]} given twice", source=source)
             try:
                 links[pair] = _resolve(entry, doc.defaults, _BUILTIN_DEFAULTS, f"{pair[0]}->{pair[1]}")
             except ValueError as exc:
-                raise ConfigError(source, field, str(exc)) from None
+                raise ConfigError(field, str(exc), source=source) from None
 
     names = list(doc.regions)
     for a in names:
@@ -298,7 +342,7 @@ def topology_from_dict(data: dict, source: str = "<topology>") -> Topology:
             if a != b and (a, b) not in links and (b, a) not in links and doc.defaults.one_way_ms() is not None:
                 # `defaults` with a delay describes every pair no link entry mentions
                 for pair in ((a, b), (b, a)):
-                    links[pair] = _resolve(_LinkFields(), doc.defaults, _BUILTIN_DEFAULTS, f"{pair[0]}->{pair[1]}")
+                    links[pair] = _resolve(LinkFields(), doc.defaults, _BUILTIN_DEFAULTS, f"{pair[0]}->{pair[1]}")
             if a != b and (a, b) not in links:
                 if (b, a) in links:
                     message = (f"link {a}->{b} missing: {b}->{a} is given one-way, so the matrix is "
@@ -306,14 +350,14 @@ def topology_from_dict(data: dict, source: str = "<topology>") -> Topology:
                 else:
                     message = (f"no link between {a} and {b}: every pair of regions needs one "
                                f"(or give defaults a delay or rtt for all pairs)")
-                raise ConfigError(source, "links", message)
+                raise ConfigError("links", message, source=source)
 
     intra_base = dict(rate_bit_s=_BUILTIN_INTRA.rate_bit_s, jitter_ms=0.0, loss_fraction=0.0, queue_bytes=None)
-    fallback = _LinkFields(delay=f"{_BUILTIN_INTRA.one_way_delay_ms}ms")
+    fallback = LinkFields(delay=f"{_BUILTIN_INTRA.one_way_delay_ms}ms")
     try:
         intra = _resolve(doc.intra_region, fallback, intra_base, "intra_region")
     except ValueError as exc:
-        raise ConfigError(source, "intra_region", str(exc)) from None
+        raise ConfigError("intra_region", str(exc), source=source) from None
 
     return Topology(
         name=doc.name,
@@ -323,6 +367,8 @@ def topology_from_dict(data: dict, source: str = "<topology>") -> Topology:
         intra_region=intra,
         address_pool=doc.address_pool,
         description=doc.description,
+        memory_bytes=doc.node_limits.memory,
+        pids_max=doc.node_limits.pids,
     )
 
 

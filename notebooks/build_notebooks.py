@@ -1,7 +1,7 @@
 """Write the seed-paper notebooks (outputs stripped): `.venv/bin/python notebooks/build_notebooks.py`.
 
 Each notebook redraws one paper's headline figure from a results folder with the functions of
-emulator.plots — no plotting code lives in a notebook. Edit the cells here, not in the .ipynb
+harness.plots — no plotting code lives in a notebook. Edit the cells here, not in the .ipynb
 files, and re-run this script so the four stay alike.
 """
 
@@ -29,11 +29,11 @@ from pathlib import Path
 
 from IPython.display import Image, display
 
-ROOT = next(p for p in [Path.cwd(), *Path.cwd().parents] if (p / "emulator" / "plots.py").is_file())
+ROOT = next(p for p in [Path.cwd(), *Path.cwd().parents] if (p / "harness" / "plots.py").is_file())
 sys.path.insert(0, str(ROOT))
 
-from emulator import plots  # noqa: E402
-from emulator.report import find_run_dirs, incomplete_message, load_results  # noqa: E402
+from harness import plots  # noqa: E402
+from harness.report import find_run_dirs, incomplete_message, load_results  # noqa: E402
 
 
 def show(figure):
@@ -126,7 +126,7 @@ def notebook(name: str, spec: dict) -> nbformat.NotebookNode:
     cells = [
         new_markdown_cell(f"# {spec['title']}\n\n{spec['intro']}\n\n"
                           "Set `RESULTS_DIR` below (or the `WANBENCH_RESULTS_DIR` environment variable) to the "
-                          "results to draw. The figure comes from `emulator.plots`, the same function "
+                          "results to draw. The figure comes from `harness.plots`, the same function "
                           "`wanbench report` uses; incomplete runs are flagged and left out."),
         new_code_cell(PARAMETERS.format(name=name), metadata={"tags": ["parameters"]}),
         new_code_cell(SETUP.format(scenario_hint=spec["scenario_hint"])),

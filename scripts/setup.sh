@@ -10,8 +10,11 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 # iproute2/iperf3/iputils-ping: build and measure the network; mininet + bridge-utils: the mininet
-# backend and the up/down benchmark; dataset-fashion-mnist: offline Fashion-MNIST for the trainers.
-APT_PACKAGES=(iproute2 iperf3 iputils-ping mininet bridge-utils dataset-fashion-mnist python3-venv procps)
+# backend and the up/down benchmark; dataset-fashion-mnist: offline Fashion-MNIST for the trainers;
+# user-mode-linux + kmod: a guest kernel with sch_netem for proving the tc and mininet backends
+# (scripts/netem-vm.sh, tests marked netem).
+APT_PACKAGES=(iproute2 iperf3 iputils-ping mininet bridge-utils dataset-fashion-mnist python3-venv procps
+              user-mode-linux kmod)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")

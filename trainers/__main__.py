@@ -14,8 +14,9 @@ MASTER_PORT, LOCAL_RANK. Without them the run is a single process. Examples:
   torchrun --nproc-per-node 4 -m trainers run.yaml     # four ranks on this machine
   python -m trainers run.yaml --set algorithm.params.H=8 --check
 
-Output: <output_dir>/rank<N>.jsonl (records: start, step, eval on rank 0, status) and
-<output_dir>/config.json (the resolved config, rank 0). See trainers/README.md.
+Output: <output_dir>/rank<N>.jsonl (records: start, output, step, snapshot, status), snapshots/ (the
+output model at eval points; evaluate with python -m trainers.evaluate OUTPUT_DIR) and
+<output_dir>/config.resolved.json (the resolved config, rank 0). See trainers/README.md.
 """
 
 
@@ -52,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="validate the config, print it resolved, and exit")
     args = parser.parse_args(argv)
 
-    from trainers.config import ConfigError, load_config, to_dict
+    from trainers.config import ConfigError, to_dict
+    from trainers.loading import load_config
 
     try:
         config = load_config(args.config, dict(args.overrides))

@@ -13,13 +13,22 @@ interface later. The base class does the accounting, per operation:
 
 Measured on the emulated WAN: gloo all_reduce is round-trip bound (about 7 round trips for 10 MB
 between 2 ranks), while isend/irecv moves 100 MB about 4x faster; choose per algorithm.
+
+:meth:`Comm.allreduce_async` is our own non-blocking all-reduce over point-to-point messages
+(ring, direct exchange, recursive doubling, or the backend's own collective), run by background
+threads (started in launch order, each with its own message tag), so it progresses while the
+caller computes. ``auto``
+picks the direct exchange (one round trip) for small payloads and the ring (2(n-1)/n of the
+tensor per rank) for large ones; see :data:`DIRECT_MAX_BYTES`.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Optional
@@ -27,6 +36,22 @@ from typing import Callable, Literal, Optional
 import torch
 
 ReduceOp = Literal["sum", "avg", "max", "min"]
+AllReduceAlgorithm = Literal["auto", "ring", "direct", "recursive_doubling", "gloo"]
+ALLREDUCE_ALGORITHMS = ("auto", "ring", "direct", "recursive_doubling", "gloo")
+# ``auto`` uses the direct exchange while (world - 1) x tensor bytes (what one rank sends) is at
+# most this, and the ring above it. Direct costs about one one-way delay L plus (n-1) S / B of
+# sending, the ring 2(n-1) L plus 2(n-1)/n S / B: direct wins while (n-1)(1 - 2/n) S < (2n-3) L B.
+# With L = 100 ms, B = 1 Gbit/s, n = 4 that is S < 42 MB, i.e. (n-1) S < 125 MB. Measured on the
+# emulated aws-4region WAN (one-way 34-108 ms, 1 Gbit/s per pair, 4 ranks; docs/RESULTS.md,
+# bench/bench_allreduce.py): direct is faster than the ring up to 16 MB tensors (0.62x), a tie at
+# 32 MB (0.80x and 1.07x in two runs), slower at 64 MB (1.67x): the crossover is ~32 MB per tensor,
+# (n-1) S ~ 96 MB (the delay line's CPU makes extra bytes dearer than the model says). 64 MiB
+# switches to the ring at ~22 MB per tensor for 4 ranks, on the safe side of the tie.
+DIRECT_MAX_BYTES = 64 * 2**20
+# Background all-reduces run at once (more wait for a thread, started in launch order), and the
+# number of distinct message tags they cycle through (far more than can be in flight).
+BACKGROUND_THREADS = 4
+BACKGROUND_TAGS = 1024
 OPS = ("all_reduce", "broadcast", "all_gather", "send", "recv", "isend", "irecv", "barrier", "external")
 
 
@@ -132,10 +157,25 @@ class Comm(ABC):
     # True for a backend that survives a peer's crash (raises PeerLost, admits restarted ranks).
     elastic = False
 
-    def __init__(self, rank: int, world_size: int):
+    def __init__(self, rank: int, world_size: int, allreduce: AllReduceAlgorithm = "gloo"):
+        if allreduce not in ALLREDUCE_ALGORITHMS:
+            raise ValueError(f"allreduce: {allreduce!r} is not one of {ALLREDUCE_ALGORITHMS}")
         self.rank = rank
         self.world_size = world_size
         self.stats = CommStats()
+        # The algorithm ``allreduce_async`` uses when none is named (comm.allreduce in the config).
+        self.allreduce_algorithm: AllReduceAlgorithm = allreduce
+        self._accounting = threading.Lock()
+        self._background: Optional[ThreadPoolExecutor] = None
+        self._launched = 0  # background all-reduces launched so far: the same count on every rank
+
+    @property
+    def transport(self) -> str:
+        """Which all-reduce this comm runs by default, for the records: "gloo" (the backend's own
+        collective) or "ours:<algorithm>" (:meth:`allreduce_async` over point-to-point messages)."""
+        if self.allreduce_algorithm == "gloo":
+            return "gloo"
+        return f"ours:{self.allreduce_algorithm}"
 
     # -- membership (fixed for a non-elastic backend) -------------------------------------------
 
@@ -152,13 +192,13 @@ class Comm(ABC):
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp = "sum", async_op: bool = False) -> Optional[Work]:
         """Reduce ``tensor`` over all ranks in place (op: sum | avg | max | min)."""
         n = self.world_size
-        nbytes = _nbytes(tensor)
+        nbytes = tensor_nbytes(tensor)
         ring_bytes = 2 * (n - 1) * nbytes // n
         return self._run("all_reduce", ring_bytes, ring_bytes, async_op, lambda: self._all_reduce(tensor, op))
 
     def broadcast(self, tensor: torch.Tensor, src: int, async_op: bool = False) -> Optional[Work]:
         """Copy ``tensor`` from rank ``src`` to every rank, in place."""
-        nbytes = _nbytes(tensor)
+        nbytes = tensor_nbytes(tensor)
         sent = nbytes * (self.world_size - 1) if self.rank == src else 0
         recv = 0 if self.rank == src else nbytes
         return self._run("broadcast", sent, recv, async_op, lambda: self._broadcast(tensor, src))
@@ -167,31 +207,31 @@ class Comm(ABC):
         """Gather ``tensor`` from every rank into ``outputs`` (one tensor per rank, same shape)."""
         if len(outputs) != self.world_size:
             raise ValueError(f"outputs: need {self.world_size} tensors, got {len(outputs)}")
-        nbytes = _nbytes(tensor) * (self.world_size - 1)
+        nbytes = tensor_nbytes(tensor) * (self.world_size - 1)
         return self._run("all_gather", nbytes, nbytes, async_op, lambda: self._all_gather(outputs, tensor))
 
     def send(self, tensor: torch.Tensor, dst: int) -> None:
         """Send ``tensor`` to rank ``dst``; blocks until it is handed to the transport."""
-        self._run("send", _nbytes(tensor), 0, False, lambda: self._isend(tensor, dst))
+        self._run("send", tensor_nbytes(tensor), 0, False, lambda: self._isend(tensor, dst))
 
     def recv(self, tensor: torch.Tensor, src: int) -> None:
         """Receive into ``tensor`` from rank ``src``; blocks until it arrived."""
-        self._run("recv", 0, _nbytes(tensor), False, lambda: self._irecv(tensor, src))
+        self._run("recv", 0, tensor_nbytes(tensor), False, lambda: self._irecv(tensor, src))
 
     def isend(self, tensor: torch.Tensor, dst: int) -> Work:
         """Start sending ``tensor`` to ``dst``; do not modify it before ``wait()``."""
-        return self._run("isend", _nbytes(tensor), 0, True, lambda: self._isend(tensor, dst))
+        return self._run("isend", tensor_nbytes(tensor), 0, True, lambda: self._isend(tensor, dst))
 
     def irecv(self, tensor: torch.Tensor, src: int) -> Work:
         """Start receiving into ``tensor`` from ``src``; its content is valid after ``wait()``."""
-        return self._run("irecv", 0, _nbytes(tensor), True, lambda: self._irecv(tensor, src))
+        return self._run("irecv", 0, tensor_nbytes(tensor), True, lambda: self._irecv(tensor, src))
 
     def irecv_any(self, tensor: torch.Tensor) -> Work:
         """Start receiving into ``tensor`` from whichever rank sends first; ``wait()`` returns that rank (int).
 
         Accounted as an ``irecv``. Messages between one pair of ranks still arrive in the order sent.
         """
-        return self._run("irecv", 0, _nbytes(tensor), True, lambda: self._irecv_any(tensor))
+        return self._run("irecv", 0, tensor_nbytes(tensor), True, lambda: self._irecv_any(tensor))
 
     def recv_any(self, tensor: torch.Tensor, sources: Optional[list[int]] = None) -> int:
         """Receive into ``tensor`` from whichever rank sends first; blocks; returns the sender's rank.
@@ -200,27 +240,87 @@ class Comm(ABC):
         :class:`PeerLost` when one of them is gone with nothing left to deliver; other backends
         receive from any rank.
         """
-        return self._run("recv", 0, _nbytes(tensor), True, lambda: self._irecv_any(tensor, sources)).wait()
+        return self._run("recv", 0, tensor_nbytes(tensor), True, lambda: self._irecv_any(tensor, sources)).wait()
 
     def ring_all_reduce(self, tensor: torch.Tensor, op: ReduceOp = "sum") -> torch.Tensor:
-        """Reduce ``tensor`` over all ranks in place with a ring of isend/irecv; blocks; returns it.
+        """Reduce ``tensor`` over all ranks in place with the ring of :meth:`allreduce_async`; blocks; returns it.
 
-        Reduce-scatter then all-gather over n chunks: 2(n-1) steps, each sending one chunk to the
-        next rank and receiving one from the previous, so each rank sends 2(n-1)/n of the tensor,
-        as the ring model of ``all_reduce``. On a WAN this needs far fewer round trips than gloo's
-        all_reduce (measured: 100 MB between 2 ranks at 25 ms one-way, all_reduce 3.3 s, one
-        isend/irecv 0.76 s). Accounted as the isend/irecv operations it is made of.
+        On a WAN this needs far fewer round trips than gloo's all_reduce (measured: 100 MB between
+        2 ranks at 25 ms one-way, all_reduce 3.3 s, one isend/irecv 0.76 s).
+        """
+        self.allreduce_async(tensor, op, algorithm="ring").wait()
+        return tensor
+
+    def allreduce_async(self, tensor: torch.Tensor, op: ReduceOp = "sum",
+                        algorithm: Optional[AllReduceAlgorithm] = None) -> Work:
+        """Start reducing ``tensor`` over all ranks in place; returns a :class:`Work` (``wait()`` returns it).
+
+        Runs on this comm's background threads (up to BACKGROUND_THREADS all-reduces at once,
+        started in launch order, each with its own message tag; every rank must launch the same
+        sequence), so it progresses while the caller computes; only ``wait()`` is blocked time.
+        Results are bitwise equal on every rank and from run to run.
 
         Args:
-            tensor: contiguous tensor, the same shape on every rank.
-            op: sum | avg | max | min.
+            tensor: contiguous tensor, the same shape on every rank; not to be touched before ``wait()``.
+            op: sum | avg | max | min (avg: sum, then divide by the world size).
+            algorithm: ring (reduce-scatter + all-gather: each rank sends 2(n-1)/n of the tensor in
+                2(n-1) steps; bandwidth-optimal) | direct (every rank sends its tensor to every
+                other and sums all n in rank order: one one-way delay, (n-1) tensors sent) |
+                recursive_doubling (log2(n) rounds of whole-tensor exchange; extra ranks of a
+                non-power-of-two world fold in first) | gloo (the backend's own all_reduce) |
+                auto (direct while (n-1) x bytes <= DIRECT_MAX_BYTES, else ring) | None (this
+                comm's ``allreduce_algorithm``).
         """
-        n = self.world_size
-        if n == 1:
-            return tensor
+        algorithm = self.allreduce_algorithm if algorithm is None else algorithm
+        if algorithm not in ALLREDUCE_ALGORITHMS:
+            raise ValueError(f"algorithm: {algorithm!r} is not one of {ALLREDUCE_ALGORITHMS}")
+        if op not in COMBINE:
+            raise ValueError(f"op: {op!r} is not one of {tuple(COMBINE)}")
+        if algorithm == "gloo":
+            return self.all_reduce(tensor, op, async_op=True)
         if not tensor.is_contiguous():
-            raise ValueError("ring_all_reduce: tensor must be contiguous")
+            raise ValueError("allreduce_async: tensor must be contiguous")
+        n = self.world_size
+        if algorithm == "auto":
+            algorithm = "direct" if (n - 1) * tensor_nbytes(tensor) <= DIRECT_MAX_BYTES else "ring"
+        if n == 1:
+            return self._run("all_reduce", 0, 0, True, lambda: ((lambda: tensor), (lambda: True)))
         flat = tensor.view(-1)
+        run = {"ring": self._ring, "direct": self._direct, "recursive_doubling": self._recursive_doubling}[algorithm]
+        sent, recv = allreduce_bytes(algorithm, self.rank, n, flat)
+
+        # Each all-reduce has its own message tag, so several can run at once (DTS with t >= 1
+        # keeps t + 1 in flight) without their messages crossing; they start in launch order.
+        tag = self._launched % BACKGROUND_TAGS
+        self._launched += 1
+
+        def launch():
+            if self._background is None:
+                self._background = ThreadPoolExecutor(BACKGROUND_THREADS, thread_name_prefix=f"allreduce-rank{self.rank}")
+            future: Future = self._background.submit(run, flat, op, tag)
+            return (lambda: (future.result(), tensor)[1]), future.done
+
+        return self._run("all_reduce", sent, recv, True, launch)
+
+    # -- the background all-reduce algorithms (on the background thread; not accounted here) ------
+
+    def _p2p(self, tag: int, sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]]) -> None:
+        """Post every receive and send, then wait for all; empty tensors are skipped."""
+        waits = [self._isend_background(t, peer, tag)[0] for t, peer in sends if t.numel()]
+        waits = [self._irecv_background(t, peer, tag)[0] for t, peer in recvs if t.numel()] + waits
+        for wait in waits:
+            wait()
+
+    def _isend_background(self, tensor: torch.Tensor, dst: int, tag: int):
+        """The background all-reduce's send; ``tag`` (0 .. BACKGROUND_TAGS-1) tells its all-reduce apart."""
+        raise NotImplementedError(f"{type(self).__name__} has no tagged point-to-point for allreduce_async")
+
+    def _irecv_background(self, tensor: torch.Tensor, src: int, tag: int):
+        """The background all-reduce's receive (see :meth:`_isend_background`)."""
+        raise NotImplementedError(f"{type(self).__name__} has no tagged point-to-point for allreduce_async")
+
+    def _ring(self, flat: torch.Tensor, op: ReduceOp, tag: int) -> None:
+        n = self.world_size
         chunks = list(torch.tensor_split(flat, n))
         right, left = (self.rank + 1) % n, (self.rank - 1) % n
         combine = COMBINE[op]
@@ -228,24 +328,49 @@ class Comm(ABC):
         for step in range(n - 1):  # reduce-scatter: rank r ends owning the reduced chunk r+1
             send_index, recv_index = (self.rank - step) % n, (self.rank - step - 1) % n
             incoming = scratch[: chunks[recv_index].numel()]
-            self._exchange(chunks[send_index], right, incoming, left)
+            self._p2p(tag, [(chunks[send_index], right)], [(incoming, left)])
             combine(chunks[recv_index], incoming)
         for step in range(n - 1):  # all-gather: pass the reduced chunks around the ring
             send_index, recv_index = (self.rank - step + 1) % n, (self.rank - step) % n
-            self._exchange(chunks[send_index], right, chunks[recv_index], left)
+            self._p2p(tag, [(chunks[send_index], right)], [(chunks[recv_index], left)])
         if op == "avg":
-            tensor.div_(n)
-        return tensor
+            flat.div_(n)
 
-    def _exchange(self, send: torch.Tensor, dst: int, recv: torch.Tensor, src: int) -> None:
-        """Send ``send`` to ``dst`` while receiving ``recv`` from ``src``; skips empty chunks."""
-        works = []
-        if send.numel():
-            works.append(self.isend(send, dst))
-        if recv.numel():
-            works.append(self.irecv(recv, src))
-        for work in works:
-            work.wait()
+    def _direct(self, flat: torch.Tensor, op: ReduceOp, tag: int) -> None:
+        n = self.world_size
+        peers = [r for r in range(n) if r != self.rank]
+        parts = {r: torch.empty_like(flat) for r in peers}
+        parts[self.rank] = flat.clone()
+        self._p2p(tag, [(parts[self.rank], r) for r in peers], [(parts[r], r) for r in peers])
+        flat.copy_(parts[0])
+        for r in range(1, n):  # in rank order: the same bits on every rank
+            COMBINE[op](flat, parts[r])
+        if op == "avg":
+            flat.div_(n)
+
+    def _recursive_doubling(self, flat: torch.Tensor, op: ReduceOp, tag: int) -> None:
+        n, rank = self.world_size, self.rank
+        power = 1 << (n.bit_length() - 1)  # the largest power of two <= n
+        extra = n - power
+        combine = COMBINE[op]
+        incoming = torch.empty_like(flat)
+        if rank >= power:  # fold into rank - power, get the result back at the end
+            self._p2p(tag, [(flat, rank - power)], [])
+            self._p2p(tag, [], [(flat, rank - power)])
+        else:
+            if rank < extra:
+                self._p2p(tag, [], [(incoming, rank + power)])
+                combine(flat, incoming)
+            distance = 1
+            while distance < power:
+                partner = rank ^ distance
+                self._p2p(tag, [(flat, partner)], [(incoming, partner)])
+                combine(flat, incoming)  # IEEE a + b == b + a: both partners get the same bits
+                distance <<= 1
+            if rank < extra:
+                self._p2p(tag, [(flat, rank + power)], [])
+        if op == "avg":
+            flat.div_(n)
 
     def barrier(self) -> None:
         """Block until every rank reached the barrier."""
@@ -257,6 +382,13 @@ class Comm(ABC):
 
     def shutdown(self) -> None:
         """Release the backend (idempotent)."""
+        self._stop_background()
+
+    def _stop_background(self) -> None:
+        """End the background all-reduce thread; an all-reduce nobody waited for is dropped."""
+        if self._background is not None:
+            self._background.shutdown(wait=False, cancel_futures=True)
+            self._background = None
 
     # -- backend hooks: each returns a wait function (blocks, returns the result tensor) ---------
 
@@ -295,14 +427,15 @@ class Comm(ABC):
         return None
 
     def _account(self, op: str, sent: int, recv: int, blocked_s: float, calls: int = 1) -> None:
-        per_op = self.stats.per_op[op]
-        per_op.calls += calls
-        per_op.bytes_sent += sent
-        per_op.bytes_recv += recv
-        per_op.blocked_s += blocked_s
-        self.stats.bytes_sent += sent
-        self.stats.bytes_recv += recv
-        self.stats.blocked_s += blocked_s
+        with self._accounting:  # a background all-reduce may be launched from a hook thread
+            per_op = self.stats.per_op[op]
+            per_op.calls += calls
+            per_op.bytes_sent += sent
+            per_op.bytes_recv += recv
+            per_op.blocked_s += blocked_s
+            self.stats.bytes_sent += sent
+            self.stats.bytes_recv += recv
+            self.stats.blocked_s += blocked_s
 
 
 def _max_(target: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
@@ -325,11 +458,33 @@ def _min_(target: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
 COMBINE = {"sum": torch.Tensor.add_, "avg": torch.Tensor.add_, "max": _max_, "min": _min_}
 
 
-def _nbytes(tensor: torch.Tensor) -> int:
+def tensor_nbytes(tensor: torch.Tensor) -> int:
+    """Bytes of ``tensor``'s elements: what sending it puts on the wire (payload, no framing)."""
     return tensor.numel() * tensor.element_size()
 
 
+def allreduce_bytes(algorithm: str, rank: int, n: int, flat: torch.Tensor) -> tuple[int, int]:
+    """(bytes sent, bytes received) by ``rank`` in one background all-reduce of ``flat``: exactly
+    the tensors it puts on and takes off the transport."""
+    size = flat.element_size()
+    if algorithm == "ring":
+        chunk = [c.numel() * size for c in torch.tensor_split(flat, n)]
+        sent = sum(chunk[(rank - step) % n] + chunk[(rank - step + 1) % n] for step in range(n - 1))
+        recv = sum(chunk[(rank - step - 1) % n] + chunk[(rank - step) % n] for step in range(n - 1))
+        return sent, recv
+    whole = flat.numel() * size
+    if algorithm == "direct":
+        return (n - 1) * whole, (n - 1) * whole
+    power = 1 << (n.bit_length() - 1)
+    if rank >= power:
+        return whole, whole
+    rounds = power.bit_length() - 1
+    folded = 1 if rank < n - power else 0
+    return (rounds + folded) * whole, (rounds + folded) * whole
+
+
 _TORCH_OPS = {"sum": "SUM", "avg": "SUM", "max": "MAX", "min": "MIN"}
+BACKGROUND_TAG_BASE = 0x57420000  # "WB": torch.distributed message tags of the background all-reduces
 
 
 class TorchComm(Comm):
@@ -344,7 +499,8 @@ class TorchComm(Comm):
         device: torch device of the model's tensors.
     """
 
-    def __init__(self, backend: str = "gloo", timeout_s: float = 300.0, device: torch.device | str = "cpu"):
+    def __init__(self, backend: str = "gloo", timeout_s: float = 300.0, device: torch.device | str = "cpu",
+                 allreduce: AllReduceAlgorithm = "gloo"):
         import torch.distributed as dist
 
         self._dist = dist
@@ -356,7 +512,15 @@ class TorchComm(Comm):
             if backend == "nccl":
                 kwargs["device_id"] = self.device
             dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
-        super().__init__(dist.get_rank(), dist.get_world_size())
+        # NCCL's own all-reduce is already bandwidth-optimal on GPUs, and its point-to-point calls
+        # are not safe from a second thread: "auto" means NCCL's collective there.
+        if backend == "nccl" and allreduce == "auto":
+            allreduce = "gloo"
+        super().__init__(dist.get_rank(), dist.get_world_size(), allreduce)
+
+    @property
+    def transport(self) -> str:
+        return self.backend if self.allreduce_algorithm == "gloo" else super().transport
 
     @property
     def process_group(self):
@@ -364,6 +528,7 @@ class TorchComm(Comm):
         return self._dist.group.WORLD
 
     def shutdown(self) -> None:
+        self._stop_background()
         if self._dist.is_initialized():
             self._dist.destroy_process_group()
 
@@ -408,15 +573,22 @@ class TorchComm(Comm):
 
         return self._finish(work, copy_back, None)
 
-    def _isend(self, tensor, dst):
+    def _isend(self, tensor, dst, tag: int = 0):
         payload, _ = self._staged(tensor)
-        work = self._dist.isend(payload, dst=dst)
+        work = self._dist.isend(payload, dst=dst, tag=tag)
         return self._finish(work, lambda: None, None)
 
-    def _irecv(self, tensor, src):
+    def _irecv(self, tensor, src, tag: int = 0):
         payload, copy_back = self._staged(tensor)
-        work = self._dist.irecv(payload, src=src)
+        work = self._dist.irecv(payload, src=src, tag=tag)
         return self._finish(work, copy_back, tensor)
+
+    # Tags above the caller's (0) keep each background all-reduce's messages apart.
+    def _isend_background(self, tensor, dst, tag):
+        return self._isend(tensor, dst, tag=BACKGROUND_TAG_BASE + tag)
+
+    def _irecv_background(self, tensor, src, tag):
+        return self._irecv(tensor, src, tag=BACKGROUND_TAG_BASE + tag)
 
     def _irecv_any(self, tensor, sources=None):
         payload, copy_back = self._staged(tensor)

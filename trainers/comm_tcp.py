@@ -47,7 +47,7 @@ from typing import Callable, Optional
 
 import torch
 
-from trainers.comm import COMBINE, Comm, PeerLost, ReduceOp, Work, _nbytes, require_torchrun_env
+from trainers.comm import COMBINE, Comm, PeerLost, ReduceOp, Work, require_torchrun_env, tensor_nbytes
 
 MAGIC = b"WBT1"
 # magic, frame kind, generation (HELLO) or 0, payload bytes
@@ -190,7 +190,7 @@ class TcpComm(Comm):
 
     def send_admission(self, tensor: torch.Tensor, dst: int) -> None:
         """Send to a live or a *joining* peer (how the coordinator admits a restarted rank)."""
-        self._run("send", _nbytes(tensor), 0, False, lambda: self._isend(tensor, dst, allow_joining=True))
+        self._run("send", tensor_nbytes(tensor), 0, False, lambda: self._isend(tensor, dst, allow_joining=True))
 
     def _isend(self, tensor: torch.Tensor, dst: int, allow_joining: bool = False):
         peer = self._peer_for(dst)
@@ -289,6 +289,14 @@ class TcpComm(Comm):
         """A ring cannot lose a member mid-way: the star :meth:`all_reduce` stands in for it."""
         self.all_reduce(tensor, op)
         return tensor
+
+    def allreduce_async(self, tensor: torch.Tensor, op: ReduceOp = "sum", algorithm=None) -> Work:
+        """Every algorithm is the star :meth:`all_reduce` here (it survives a lost rank); runs at once."""
+        return self.all_reduce(tensor, op, async_op=True)
+
+    @property
+    def transport(self) -> str:
+        return "tcp"
 
     def broadcast(self, tensor: torch.Tensor, src: int, async_op: bool = False) -> Optional[Work]:
         """Send ``src``'s tensor to every live rank (lost ones are skipped)."""
@@ -544,7 +552,7 @@ def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _fill(tensor: torch.Tensor, data: bytearray) -> None:
-    expected = _nbytes(tensor)
+    expected = tensor_nbytes(tensor)
     if len(data) != expected:
         raise RuntimeError(f"message of {len(data)} bytes for a tensor of {expected} bytes: ranks disagree "
                            "on what they exchange")

@@ -370,7 +370,7 @@ class CompressedExchange:
         code = self.compressor
         if code.summable:
             wire = code.encode(flat)
-            work = self.reduce_hook(comm, wire) if self.reduce_hook else comm.all_reduce(wire, op="avg", async_op=True)
+            work = self.reduce_hook(comm, wire) if self.reduce_hook else comm.allreduce_async(wire, op="avg")
             return work.then(lambda averaged: flat.copy_(code.decode(averaged, flat.numel(), flat.dtype)))
         if self.feedback is not None:
             payload, own = self.feedback.encode((flat.data_ptr(), flat.numel(), flat.dtype), flat)

@@ -1,33 +1,46 @@
-"""Run configuration: a plain dataclass tree, loaded strictly from YAML or JSON.
+"""Run configuration: a plain dataclass tree, its checks, and strict conversion from dicts.
 
 Each component owns its config dataclass and checks it in ``__post_init__``. Errors are raised as
 :class:`ConfigError` whose message starts with the dotted field path, e.g.
 ``algorithm.params.H: must be an integer >= 1, got 0``. Unknown keys are errors.
+
+This module imports nothing of the trainers: the components import it for their checks. Reading a
+file and resolving the components' params against their registries is ``trainers.loading``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import types
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal, Optional
 
 
 class ConfigError(ValueError):
-    """A configuration value is missing, unknown or out of range; the message names the field."""
+    """A configuration value is missing, unknown or out of range; names the field.
 
-    def __init__(self, path: str, message: str):
-        self.path = path
-        self.reason = message
-        super().__init__(f"{path}: {message}" if path else message)
+    The same shape as ``emulator.schema.ConfigError`` (the packages do not import each other):
+    ``field`` is the dotted path (``algorithm.params.H``), ``message`` says what is wrong, and
+    ``source`` the file it came from; str() is ``"source: field: message"`` on one line, parts
+    omitted when empty.
+    """
+
+    def __init__(self, field: str, message: str, source: str = ""):
+        # One line, whatever a file's keys or values hold (newlines and control characters escaped).
+        self.field = _escaped(field)
+        self.message = _escaped(" ".join(message.split()))
+        self.source = source
+        super().__init__(": ".join(part for part in (source, self.field, self.message) if part))
 
     def prefixed(self, prefix: str) -> "ConfigError":
         """Return the same error with ``prefix`` prepended to its field path."""
-        path = f"{prefix}.{self.path}" if self.path else prefix
-        return ConfigError(path, self.reason)
+        field = f"{prefix}.{self.field}" if self.field else prefix
+        return ConfigError(field, self.message, self.source)
+
+
+def _escaped(text: str) -> str:
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -171,8 +184,8 @@ def to_dict(config: Any) -> dict:
 
 # ---------------------------------------------------------------------------------------------
 # The tree. Model, dataset and algorithm parameters are free-form dicts here; they are resolved
-# against the owning component's own Params dataclass by `resolve()` below, so each component
-# keeps its defaults and checks next to its code.
+# against the owning component's own Params dataclass by `trainers.loading.resolve()`, so each
+# component keeps its defaults and checks next to its code.
 
 
 @dataclass
@@ -272,6 +285,11 @@ class CommConfig:
 
     backend: Literal["gloo", "nccl", "tcp"] = "gloo"
     timeout_s: float = 300.0
+    # Every algorithm's all-reduce (trainers/comm.py, Comm.allreduce_async): ours over
+    # point-to-point messages on background threads (auto: direct exchange for small payloads,
+    # ring for large; ring; direct; recursive_doubling) or gloo, the backend's own collective (the
+    # reference). nccl keeps its own collective under auto; tcp is always its crash-tolerant star.
+    allreduce: Literal["auto", "ring", "direct", "recursive_doubling", "gloo"] = "auto"
 
     def __post_init__(self) -> None:
         require_float("timeout_s", self.timeout_s, minimum=0.0, min_exclusive=True)
@@ -288,9 +306,15 @@ class Config:
         batch_size: samples per rank per step.
         lr: peak learning rate of the local optimizer.
         steps: maximum number of steps.
-        time_budget_s: stop after this many seconds (checked at eval points, agreed by all ranks).
-        target_accuracy: stop once held-out accuracy reaches this fraction (checked at eval points).
-        eval_every: steps between evaluations of the deployable model (also after the last step).
+        time_budget_s: training seconds after which the job stops: the harness writes the STOP
+            file (trainers/stop.py); without it, rank 0 does when every rank's records are in
+            output_dir (one filesystem), else only ``steps`` applies.
+        target_accuracy: held-out accuracy at which the watcher of the job (the harness, or
+            ``python -m trainers.evaluate --follow --stop-at-target``) writes the STOP file.
+        eval_every: steps between eval points (model snapshots for the evaluator; on the tcp comm
+            also the membership exchange); also after the last step.
+        eval_every_s: if set, snapshots every this many seconds of each rank's training clock
+            instead of every ``eval_every`` steps (the membership exchange stays step-based).
         save_final_model: write rank<N>_final.pt (state_dict of the trained local model).
     """
 
@@ -307,6 +331,7 @@ class Config:
     time_budget_s: Optional[float] = None
     target_accuracy: Optional[float] = None
     eval_every: int = 50
+    eval_every_s: Optional[float] = None
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     comm: CommConfig = field(default_factory=CommConfig)
     save_final_model: bool = False
@@ -319,69 +344,11 @@ class Config:
         require_float("lr", self.lr, minimum=0.0, min_exclusive=True)
         require_int("steps", self.steps, minimum=1)
         require_int("eval_every", self.eval_every, minimum=1)
+        if self.eval_every_s is not None:
+            require_float("eval_every_s", self.eval_every_s, minimum=0.0, min_exclusive=True)
         if self.time_budget_s is not None:
             require_float("time_budget_s", self.time_budget_s, minimum=0.0, min_exclusive=True)
         if self.target_accuracy is not None:
             require_float("target_accuracy", self.target_accuracy, minimum=0.0, maximum=1.0)
         if self.comm.backend == "nccl" and self.device != "cuda":
             raise ConfigError("comm.backend", "nccl needs device: cuda")
-
-
-def resolve(config: Config) -> Config:
-    """Check model, dataset and algorithm params against their owners' Params and fill defaults.
-
-    Returns the same config with ``params`` dicts replaced by their fully resolved form.
-    """
-    # Imported here: those modules import this one for ConfigError and the require_* checks.
-    from trainers import datasets, models
-    from trainers.algorithms import get_algorithm
-
-    algorithm_cls = _lookup("algorithm.name", config.algorithm.name, get_algorithm)
-    config.algorithm.params = to_dict(from_dict(algorithm_cls.Params, config.algorithm.params, "algorithm.params"))
-    model_entry = _lookup("model.name", config.model.name, models.get_model_entry)
-    config.model.params = to_dict(from_dict(model_entry.Params, config.model.params, "model.params"))
-    dataset_entry = _lookup("dataset.name", config.dataset.name, datasets.get_dataset_entry)
-    config.dataset.params = to_dict(from_dict(dataset_entry.Params, config.dataset.params, "dataset.params"))
-    if model_entry.input_kind != dataset_entry.kind:
-        raise ConfigError(
-            "model.name",
-            f"{config.model.name!r} takes {model_entry.input_kind} inputs but dataset "
-            f"{config.dataset.name!r} provides {dataset_entry.kind}",
-        )
-    return config
-
-
-def _lookup(path: str, name: str, getter: typing.Callable[[str], Any]) -> Any:
-    try:
-        return getter(name)
-    except KeyError as error:
-        raise ConfigError(path, str(error.args[0])) from None
-
-
-def load_config(source: str | Path | dict, overrides: dict | None = None) -> Config:
-    """Read a YAML or JSON file (or a dict), apply ``overrides`` and return the resolved Config.
-
-    Args:
-        source: path to a .yaml/.yml/.json file, or an already parsed mapping.
-        overrides: dotted-key overrides applied before validation, e.g. {"algorithm.params.H": 4}.
-    """
-    if isinstance(source, dict):
-        data = json.loads(json.dumps(source))  # deep copy; also rejects non-JSON values early
-    else:
-        path = Path(source)
-        if not path.is_file():
-            raise ConfigError("", f"config file not found: {path}")
-        text = path.read_text()
-        if path.suffix == ".json":
-            data = json.loads(text)
-        else:
-            import yaml
-
-            data = yaml.safe_load(text)
-    for dotted, value in (overrides or {}).items():
-        node = data
-        *parents, leaf = dotted.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
-    return resolve(from_dict(Config, data))

@@ -18,7 +18,7 @@ from typing import Callable, Literal, Optional
 import numpy as np
 import torch
 
-from trainers.config import ConfigError, DatasetConfig, require_float, require_int
+from trainers.config import ConfigError, DatasetConfig, from_dict, require_float, require_int
 
 
 @dataclass
@@ -309,8 +309,6 @@ def get_dataset_entry(name: str) -> DatasetEntry:
 
 def load_dataset(cfg: DatasetConfig, seed: int) -> DataBundle:
     """Load dataset ``cfg.name`` with its resolved params; the test split is capped by max_test_samples."""
-    from trainers.config import from_dict
-
     entry = get_dataset_entry(cfg.name)
     bundle = entry.load(cfg, from_dict(entry.Params, cfg.params, "dataset.params"), seed)
     if cfg.max_test_samples is not None:

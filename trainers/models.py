@@ -6,14 +6,29 @@ batch of inputs to logits over ``num_classes`` (per position for the language mo
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 from torch import nn
 
-from trainers.config import ConfigError, require_float, require_int
+from trainers.config import ConfigError, from_dict, require_float, require_int
+
+
+def _flat_size(features: nn.Module, input_shape: tuple[int, ...]) -> int:
+    with torch.no_grad():
+        return features(torch.zeros(1, *input_shape)).numel()
+
+
+def _with_classifier(features: nn.Module, input_shape, fc_sizes: list[int], num_classes: int) -> nn.Sequential:
+    """`features` followed by fully connected layers of `fc_sizes` (ReLU) and the output layer."""
+    layers: list[nn.Module] = [features]
+    width = _flat_size(features, input_shape)
+    for hidden in fc_sizes:
+        layers += [nn.Linear(width, hidden), nn.ReLU()]
+        width = hidden
+    layers.append(nn.Linear(width, num_classes))
+    return nn.Sequential(*layers)
 
 
 @dataclass
@@ -29,13 +44,7 @@ class MLPParams:
 
 def build_mlp(params: MLPParams, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """Flatten, then Linear+ReLU per hidden size, then a Linear classifier."""
-    layers: list[nn.Module] = [nn.Flatten()]
-    width = math.prod(input_shape)
-    for hidden in params.hidden_sizes:
-        layers += [nn.Linear(width, hidden), nn.ReLU()]
-        width = hidden
-    layers.append(nn.Linear(width, num_classes))
-    return nn.Sequential(*layers)
+    return _with_classifier(nn.Flatten(), input_shape, params.hidden_sizes, num_classes)
 
 
 @dataclass
@@ -59,11 +68,6 @@ def _image_shape(input_shape: tuple[int, ...], model: str) -> tuple[int, int, in
     return input_shape  # type: ignore[return-value]
 
 
-def _flat_size(features: nn.Module, input_shape: tuple[int, ...]) -> int:
-    with torch.no_grad():
-        return features(torch.zeros(1, *input_shape)).numel()
-
-
 def build_lenet(params: LeNetParams, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """Two padded 5x5 conv + max-pool stages, then FC layers (works from 8x8 inputs upwards)."""
     channels, _, _ = _image_shape(input_shape, "lenet")
@@ -74,17 +78,6 @@ def build_lenet(params: LeNetParams, input_shape: tuple[int, ...], num_classes: 
         nn.Flatten(),
     )
     return _with_classifier(features, input_shape, params.fc_sizes, num_classes)
-
-
-def _with_classifier(features: nn.Module, input_shape, fc_sizes: list[int], num_classes: int) -> nn.Sequential:
-    """`features` followed by fully connected layers of `fc_sizes` (ReLU) and the output layer."""
-    layers: list[nn.Module] = [features]
-    width = _flat_size(features, input_shape)
-    for hidden in fc_sizes:
-        layers += [nn.Linear(width, hidden), nn.ReLU()]
-        width = hidden
-    layers.append(nn.Linear(width, num_classes))
-    return nn.Sequential(*layers)
 
 
 @dataclass
@@ -238,8 +231,6 @@ def get_model_entry(name: str) -> ModelEntry:
 
 def build_model(name: str, params: dict, input_shape: tuple[int, ...], num_classes: int, seed: int) -> nn.Module:
     """Build model ``name`` with parameters initialised from ``seed`` (same on every rank)."""
-    from trainers.config import from_dict
-
     entry = get_model_entry(name)
     resolved = from_dict(entry.Params, params, "model.params")
     with torch.random.fork_rng(devices=[]):

@@ -1,4 +1,5 @@
-"""JSONL record writer: one JSON object per line, flushed per line so a crash keeps what was written."""
+"""What a run writes: JSONL records (one JSON object per line, flushed per line so a crash keeps
+what was written) and the resolved config, replaced whole."""
 
 from __future__ import annotations
 
@@ -9,12 +10,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+# Rank 0 writes the resolved config (every default filled in) here, in the run's output_dir. Runs
+# made before it existed have it in config.json (rank 0 overwrote the file the ranks started from).
+RESOLVED_CONFIG_FILE = "config.resolved.json"
+OLD_RESOLVED_CONFIG_FILE = "config.json"
+
 
 class RecordWriter:
     """Append records for one rank to ``<directory>/rank<rank>.jsonl``.
 
     Every record is stamped with ``kind``, ``rank``, ``time_unix`` (s since the epoch) and
-    ``time_s`` (s since this writer was created, i.e. since the rank started).
+    ``time_s``, the training clock: s since this writer was created (since the rank started) less
+    the time handed to :meth:`exclude` (snapshot writing, which is not training).
 
     Args:
         directory: output directory (created if missing).
@@ -28,6 +35,7 @@ class RecordWriter:
         self.rank = rank
         self.start_unix = time.time()
         self._start_monotonic = time.monotonic()
+        self.excluded_s = 0.0  # off the training clock so far (s)
         # Line buffering plus an explicit flush: each record reaches the OS before write() returns.
         self._file = open(self.path, "a" if append else "w", buffering=1)
 
@@ -37,12 +45,20 @@ class RecordWriter:
             "kind": kind,
             "rank": self.rank,
             "time_unix": time.time(),
-            "time_s": time.monotonic() - self._start_monotonic,
+            "time_s": self.clock(),
             **fields,
         }
         self._file.write(json.dumps(_jsonable(record)) + "\n")
         self._file.flush()
         return record
+
+    def clock(self) -> float:
+        """The training clock now: s since the rank started, less the excluded time."""
+        return time.monotonic() - self._start_monotonic - self.excluded_s
+
+    def exclude(self, seconds: float) -> None:
+        """Take ``seconds`` (just spent on something that is not training) off the training clock."""
+        self.excluded_s += seconds
 
     def close(self) -> None:
         """Flush to disk and close (idempotent)."""
@@ -75,3 +91,29 @@ def read_records(path: str | Path) -> list[dict]:
     """Read every record of one JSONL file (used by tests and analysis)."""
     with open(path) as handle:
         return [json.loads(line) for line in handle if line.strip()]
+
+
+def resolved_config_path(output_dir: str | Path) -> Path | None:
+    """The file holding a run's resolved config: ``config.resolved.json``, else ``config.json``
+    (older runs; in a run directory it is also the config the ranks were started from, which
+    resolves to the same), else None (rank 0 has not started yet)."""
+    for name in (RESOLVED_CONFIG_FILE, OLD_RESOLVED_CONFIG_FILE):
+        if (Path(output_dir) / name).is_file():
+            return Path(output_dir) / name
+    return None
+
+
+def write_json_atomic(path: str | Path, data: Any) -> None:
+    """Write ``data`` as indented JSON to ``path`` whole or not at all (a temporary file in the
+    same directory, flushed to disk, then renamed over ``path``): a reader never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # created with the usual mode (umask)
+    try:
+        with open(tmp, "w") as handle:
+            handle.write(json.dumps(data, indent=2) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

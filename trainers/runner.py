@@ -1,4 +1,9 @@
-"""Run one rank of a training job: data, model, algorithm, step loop, evaluation and records.
+"""Run one rank of a training job: data, model, algorithm, step loop, snapshots, stopping and records.
+
+Nothing here evaluates: at eval points each rank writes its part of the output model to
+``<output_dir>/snapshots`` (trainers/snapshots.py) off the training clock and without
+communicating; ``python -m trainers.evaluate`` evaluates them. The job ends after ``steps`` steps or
+at the step named by the STOP file (trainers/stop.py), which every rank polls each step.
 
 Rank, world size and rendezvous come from the torchrun environment (RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT, LOCAL_RANK). Without them the run is a single process (rank 0 of 1).
@@ -7,7 +12,6 @@ MASTER_ADDR, MASTER_PORT, LOCAL_RANK). Without them the run is a single process 
 from __future__ import annotations
 
 import io
-import json
 import os
 import platform
 import socket
@@ -19,14 +23,17 @@ from typing import MutableMapping, Optional
 
 import torch
 
-from trainers.algorithms import ALGORITHMS, AlgorithmContext, get_algorithm
+from trainers.algorithms import AlgorithmContext, get_algorithm
 from trainers.comm import Comm, PeerLost, TorchComm
-from trainers.config import Config, ConfigError, from_dict, to_dict
+from trainers.config import Config, from_dict, to_dict
 from trainers.datasets import BatchSampler, load_dataset, shard_indices
 from trainers.launch import free_port
+from trainers.loading import check_comm_backend, uses_elastic_comm
 from trainers.models import build_model
-from trainers.records import RecordWriter
-from trainers.training import evaluate, loss_fn, lr_at
+from trainers.records import RESOLVED_CONFIG_FILE, RecordWriter, write_json_atomic
+from trainers.snapshots import SnapshotSchedule, write_snapshot
+from trainers.stop import StopRequest, StopWatcher, stop_step_from_records, write_stop
+from trainers.training import loss_fn, lr_at
 
 
 @dataclass
@@ -35,7 +42,7 @@ class RunResult:
 
     steps: int
     stop_reason: str
-    final_accuracy: Optional[float]
+    stop_step_passed: bool = False
 
 
 def ensure_single_process_env(env: MutableMapping[str, str]) -> None:
@@ -56,7 +63,9 @@ def run(config: Config) -> RunResult:
     comm = None
     try:
         if rank == 0:
-            (output_dir / "config.json").write_text(json.dumps(to_dict(config), indent=2) + "\n")
+            # Its own file, replaced whole: the config file the ranks were started with may be
+            # read by another rank still (in a run directory it is config.json).
+            write_json_atomic(output_dir / RESOLVED_CONFIG_FILE, to_dict(config))
         device = _device(config)
         comm = _make_comm(config, device)
         writer.write(
@@ -71,9 +80,14 @@ def run(config: Config) -> RunResult:
             torch=torch.__version__,
             device=str(device),
             backend=config.comm.backend,
+            # which all-reduce: "gloo" or "ours:<algorithm>" (comm.allreduce); ddp's reducer is torch's own
+            transport=comm.transport if get_algorithm(config.algorithm.name).measures_blocked_time else config.comm.backend,
         )
         result = _train(config, comm, writer, device)
-        writer.write("status", status="ok", steps=result.steps, stop_reason=result.stop_reason)
+        writer.write("status", status="ok", steps=result.steps, stop_reason=result.stop_reason,
+                     stop_step_passed=result.stop_step_passed, snapshot_s_total=writer.excluded_s,
+                     comm_bytes_sent=comm.stats.bytes_sent, comm_bytes_recv=comm.stats.bytes_recv,
+                     comm_calls={op: s.calls for op, s in comm.stats.per_op.items() if s.calls})
         return result
     except BaseException as error:
         writer.write(
@@ -90,14 +104,10 @@ def run(config: Config) -> RunResult:
 
 
 def _make_comm(config: Config, device: torch.device) -> Comm:
-    """The configured communication layer; tcp only for algorithms that tolerate a crash."""
-    if config.comm.backend != "tcp":
-        return TorchComm(config.comm.backend, config.comm.timeout_s, device)
-    algorithm_cls = get_algorithm(config.algorithm.name)
-    if not algorithm_cls.tolerates_crash:
-        tolerant = sorted(name for name, cls in ALGORITHMS.items() if cls.tolerates_crash)
-        raise ConfigError("comm.backend", f"tcp is for the crash-tolerant algorithms {tolerant}; "
-                          f"{config.algorithm.name} needs every rank in every collective (use gloo or nccl)")
+    """The configured communication layer (the elastic one only for a crash-tolerant algorithm)."""
+    if not uses_elastic_comm(config):
+        return TorchComm(config.comm.backend, config.comm.timeout_s, device, config.comm.allreduce)
+    check_comm_backend(config)  # load_config checked it; a Config built by hand may not be
     from trainers.comm_tcp import TcpComm
 
     return TcpComm(config.comm.timeout_s, device)
@@ -136,16 +146,20 @@ def _train(config: Config, comm: TorchComm, writer: RecordWriter, device: torch.
         algorithm.setup()
         admitted_at = membership.await_admission(algorithm)
         if admitted_at is None:
-            return RunResult(steps=0, stop_reason="ended_before_rejoin", final_accuracy=None)
+            return RunResult(steps=0, stop_reason="ended_before_rejoin")
         first_step = admitted_at + 1
     else:
         algorithm.setup()
 
     bytes_sent_total = bytes_recv_total = 0
+    output = algorithm.output_state()
+    writer.write("output", role=output.role if output is not None else None)  # what this rank snapshots
+    schedule = SnapshotSchedule(config.eval_every, config.eval_every_s)
+    stop = _StopControl(config, comm, writer)
+    end = config.steps
     stop_reason = "steps"
-    final_accuracy: Optional[float] = None
-    start = time.monotonic()
     step = first_step
+    train_start = writer.clock()
     for step in range(first_step, config.steps):
         lr = lr_at(step, config.lr, config.lr_schedule, config.steps)
         algorithm.set_lr(lr)
@@ -154,7 +168,10 @@ def _train(config: Config, comm: TorchComm, writer: RecordWriter, device: torch.
         sent_0, recv_0, blocked_0 = comm.stats.snapshot()
         step_start = time.perf_counter()
         result = algorithm.train_step(step, batch)
-        last = step == config.steps - 1
+        request = stop.poll(step)
+        if request is not None and request.stop_step < end:
+            end, stop_reason = request.stop_step, request.reason
+        last = step >= end - 1
         if last:
             algorithm.finish()  # draining in-flight communication belongs to the last step
         if device.type == "cuda":
@@ -179,67 +196,79 @@ def _train(config: Config, comm: TorchComm, writer: RecordWriter, device: torch.
             bytes_recv_total=bytes_recv_total,
             staleness=result.staleness,
         )
-        if (step + 1) % config.eval_every == 0 or last:
-            final_accuracy, stop = _evaluate_and_decide(config, algorithm, comm, writer, data, device, step, start,
-                                                        membership)
-            if stop is not None:
-                stop_reason = stop
-                if not last:
-                    algorithm.finish()
-                break
+        eval_index = schedule.index_at(step, writer.clock(), last)
+        if eval_index is not None:
+            _snapshot(algorithm, writer, config.output_dir, comm.rank, eval_index, step, train_start)
+        if comm.elastic and ((step + 1) % config.eval_every == 0 or last):
+            membership.agree(algorithm, step)
+        if last:
+            break
     if config.save_final_model:
         torch.save(model.state_dict(), Path(config.output_dir) / f"rank{rank}_final.pt")
-    return RunResult(steps=step + 1, stop_reason=stop_reason, final_accuracy=final_accuracy)
+    return RunResult(steps=step + 1, stop_reason=stop_reason, stop_step_passed=stop.passed)
 
 
-def _evaluate_and_decide(config, algorithm, comm, writer, data, device, step, start,
-                         membership: "_Membership") -> tuple[Optional[float], Optional[str]]:
-    """Evaluate the deployable model (rank 0 writes the eval record) and agree on stopping.
+def _snapshot(algorithm, writer: RecordWriter, output_dir: str, rank: int, eval_index: int, step: int,
+              train_start: float) -> None:
+    """Write this rank's part of the output model (no communication); the time it takes is taken
+    off the training clock and recorded (``snapshot`` record: ``snapshot_s``, ``snapshot_s_total``)."""
+    started = time.perf_counter()
+    output = algorithm.output_state()
+    if output is None:
+        writer.exclude(time.perf_counter() - started)
+        return
+    clock = writer.clock()
+    size = write_snapshot(output_dir, rank, eval_index, step, clock, clock - train_start, output)
+    snapshot_s = time.perf_counter() - started
+    writer.exclude(snapshot_s)
+    writer.write("snapshot", eval_index=eval_index, step=step, train_time_s=clock - train_start, role=output.role,
+                 bytes=size, snapshot_s=snapshot_s, snapshot_s_total=writer.excluded_s)
 
-    All ranks call ``deployable_model()`` (it may communicate); rank 0 evaluates, decides whether
-    the target accuracy or time budget is reached, and broadcasts the decision so every rank stops
-    at the same step. On an elastic comm that message also carries the membership (every time).
-    Traffic here is reported in the eval record, not in step records.
+
+class _StopControl:
+    """When to end: the STOP file (polled once per step), and rank 0's own time budget.
+
+    Rank 0 enforces ``time_budget_s`` on its training clock (from the first step) by writing the
+    STOP file itself (first writer wins, so a harness's file takes precedence if it came first), but
+    only if it sees every rank's records in output_dir: the other ranks could not see the file on a
+    filesystem they do not share (then a ``warning`` record says so and only ``steps`` applies).
     """
-    sent_0, recv_0, _ = comm.stats.snapshot()
-    eval_start = time.perf_counter()
-    deployable = algorithm.deployable_model()
-    accuracy = loss = None
-    stop_code = 0
-    if comm.rank == 0:
-        accuracy, loss = evaluate(deployable, data.test_x, data.test_y, device)
-        if config.target_accuracy is not None and accuracy >= config.target_accuracy:
-            stop_code = 1
-        elif config.time_budget_s is not None and time.monotonic() - start >= config.time_budget_s:
-            stop_code = 2
-    if comm.elastic:
-        stop_code = membership.agree(algorithm, deployable, step, stop_code)
-    elif config.target_accuracy is not None or config.time_budget_s is not None:
-        flag = torch.tensor([stop_code], dtype=torch.int64, device=device)
-        comm.broadcast(flag, src=0)
-        stop_code = int(flag.item())
-    sent_1, recv_1, _ = comm.stats.snapshot()
-    if comm.rank == 0:
-        writer.write(
-            "eval",
-            step=step,
-            accuracy=accuracy,
-            loss=loss,
-            eval_s=time.perf_counter() - eval_start,
-            eval_bytes_sent=sent_1 - sent_0,
-            eval_bytes_recv=recv_1 - recv_0,
-        )
-    return accuracy, {0: None, 1: "target_accuracy", 2: "time_budget"}[stop_code]
+
+    def __init__(self, config: Config, comm: Comm, writer: RecordWriter):
+        self.output_dir = Path(config.output_dir)
+        self.watcher = StopWatcher(self.output_dir)
+        self.writer = writer
+        self.world_size = comm.world_size
+        self.budget_s = config.time_budget_s if comm.rank == 0 else None
+        self.clock_at_start = writer.clock()
+        self.passed = False  # the STOP file named a step this rank had already passed
+
+    def poll(self, step: int) -> Optional[StopRequest]:
+        request = self.watcher.poll()
+        if request is None and self.budget_s is not None and self.writer.clock() - self.clock_at_start >= self.budget_s:
+            self.budget_s = None  # decided once
+            if all((self.output_dir / f"rank{r}.jsonl").exists() for r in range(self.world_size)):
+                request = write_stop(self.output_dir, stop_step_from_records(self.output_dir), "time_budget")
+                self.watcher.request = request
+            else:
+                self.writer.write("warning", step=step, message="time_budget_s not enforced: the other ranks' "
+                                  "records are not in output_dir (no shared filesystem for the STOP file)")
+        if request is not None and request.stop_step <= step and not self.passed:
+            self.passed = True
+            self.writer.write("warning", step=step, message=f"STOP file names stop_step {request.stop_step}, "
+                              f"already passed: ending after step {step}")
+        return request
 
 
 class _Membership:
-    """Which ranks take part, agreed at evaluation points on an elastic comm (see comm_tcp).
+    """Which ranks take part, agreed at eval points on an elastic comm (see comm_tcp).
 
-    Rank 0 (the coordinator) sends every live rank one message per evaluation point: the stop
-    decision, the step, and per rank 0 (not live) or 1 + the generation of its live process.
-    Restarted ranks waiting to join are admitted in it and also get the algorithm's rejoin state.
-    Rank 0 writes a ``membership`` record whenever the set changes; an admitted rank writes a
-    ``rejoin`` record.
+    This is control traffic, not evaluation: rank 0 (the coordinator) sends every live rank one
+    small message per eval point (the step, and per rank 0 (not live) or 1 + the generation of its
+    live process). Only when a restarted rank is admitted do the live ranks also build the
+    deployable model (``deployable_model()``, which may communicate) so rank 0 can send the
+    algorithm's rejoin state with the admission. Rank 0 writes a ``membership`` record whenever
+    the set changes; an admitted rank writes a ``rejoin`` record.
     """
 
     def __init__(self, comm: Comm, writer: RecordWriter):
@@ -247,45 +276,49 @@ class _Membership:
         self.writer = writer
         self.live: dict[int, int] = {rank: 0 for rank in range(comm.world_size)}  # rank -> generation
 
-    def agree(self, algorithm, deployable, step: int, stop_code: int) -> int:
+    def agree(self, algorithm, step: int) -> None:
         comm = self.comm
         if comm.rank == 0:
             joining = comm.joining_ranks()
             generations = comm.generations()
             live = {rank: generations[rank] for rank in comm.live_ranks() + joining}
-            message = self._message(stop_code, step, live)  # as it was before any send failed
-            payload = _pack(algorithm.rejoin_state(deployable)) if joining else None
-            for rank in sorted(set(live) - {0}):
+            message = self._message(step, live)  # as it was before any send failed
+            for rank in sorted(set(live) - {0} - set(joining)):
                 try:
-                    if rank in joining:
+                    comm.send(message, rank)
+                except PeerLost:
+                    live.pop(rank)
+            if joining:
+                payload = _pack(algorithm.rejoin_state(algorithm.deployable_model()))
+                for rank in joining:
+                    try:
                         comm.send_admission(message, rank)
                         comm.send_admission(torch.tensor([payload.numel()], dtype=torch.int64), rank)
                         comm.send_admission(payload, rank)
-                    else:
-                        comm.send(message, rank)
-                except PeerLost:
-                    live.pop(rank)
+                    except PeerLost:
+                        live.pop(rank)
         else:
-            message = self._message(0, 0, {})
+            message = self._message(0, {})
             comm.recv(message, 0)
-            stop_code, live = int(message[0]), self._decode(message)
+            live = self._decode(message)
+            if self._joined(live):
+                algorithm.deployable_model()  # its collectives, if any, are over the ranks live before
         self._apply(algorithm, step, live)
-        return stop_code
 
     def await_admission(self, algorithm) -> Optional[int]:
         """On a restarted rank: wait (until rank 0 ends) to be admitted; returns the step it was
         admitted at, or None if the job ended first."""
-        message = self._message(0, 0, {})
+        message = self._message(0, {})
         self.comm.ready_to_join()
         while True:
             try:
                 self.comm.recv(message, 0)
                 break
             except TimeoutError:
-                continue  # the next evaluation point may be far off
+                continue  # the next eval point may be far off
             except PeerLost:
                 return None
-        step, live = int(message[1]), self._decode(message)
+        step, live = int(message[0]), self._decode(message)
         size = torch.zeros(1, dtype=torch.int64)
         self.comm.recv(size, 0)
         payload = torch.empty(int(size), dtype=torch.uint8)
@@ -296,15 +329,18 @@ class _Membership:
         self.writer.write("rejoin", step=step, restarts=self.comm.generation, live=sorted(live))
         return step
 
-    def _message(self, stop_code: int, step: int, live: dict[int, int]) -> torch.Tensor:
+    def _message(self, step: int, live: dict[int, int]) -> torch.Tensor:
         flags = [live[r] + 1 if r in live else 0 for r in range(self.comm.world_size)]
-        return torch.tensor([stop_code, step] + flags, dtype=torch.int64)
+        return torch.tensor([step] + flags, dtype=torch.int64)
 
     def _decode(self, message: torch.Tensor) -> dict[int, int]:
-        return {r: int(message[2 + r]) - 1 for r in range(self.comm.world_size) if message[2 + r] > 0}
+        return {r: int(message[1 + r]) - 1 for r in range(self.comm.world_size) if message[1 + r] > 0}
+
+    def _joined(self, live: dict[int, int]) -> list[int]:
+        return sorted(r for r in live if self.live.get(r) != live[r])  # new, or a newer process
 
     def _apply(self, algorithm, step: int, live: dict[int, int]) -> None:
-        joined = sorted(r for r in live if self.live.get(r) != live[r])  # new, or a newer process
+        joined = self._joined(live)
         lost = sorted(r for r in self.live if r not in live or self.live[r] != live[r])
         self.comm.set_membership(live)
         self.live = dict(live)

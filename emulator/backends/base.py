@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import ClassVar, Optional, Type
 
+from ..files import write_json_atomic
 from ..plan import Plan
 from ..linkspec import LinkSpec
 
@@ -49,8 +50,13 @@ class Backend:
         """
         raise NotImplementedError(f"the {self.name} backend cannot change links while up")
 
-    def counters(self) -> list[dict]:
-        """Per-pair counters (packets, bytes, drops) where the backend keeps them."""
+    def counters(self, fresh: bool = False) -> list[dict]:
+        """Per-pair counters where the backend keeps them: one dict per ordered node pair with
+        `src`, `dst` (node names), `packets`, `bytes` (wire bytes, IP headers included) and drops.
+
+        `fresh`: as of now (the backend asks its shaper for a new reading), not as of its last
+        periodic write; a per-job difference needs it.
+        """
         return []
 
     # Run state, so that `down` and `exec` work from another process than `up`.
@@ -62,9 +68,7 @@ class Backend:
         folder = self.state_dir(self.plan.prefix)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "plan.json").write_text(self.plan.to_json())
-        tmp = folder / "state.json.tmp"
-        tmp.write_text(json.dumps({"backend": self.name, **extra}))
-        tmp.rename(folder / "state.json")
+        write_json_atomic(folder / "state.json", {"backend": self.name, **extra}, indent=None)
 
 
 REGISTRY: dict[str, Type[Backend]] = {}

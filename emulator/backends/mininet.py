@@ -12,17 +12,21 @@ How it is built
 - One Mininet host per plan node (`<prefix>h<rank>`, eth0 = node.address/prefix_length), one
   `LinuxBridge` switch `<prefix>s0` (the kernel may have no Open vSwitch) whose ports are
   `<prefix>s0-<rank>`, plain veth `Link`s, no controller.
-- Each host's network namespace is attached as the plan's `<prefix>-<node>` (`ip netns attach`), so
-  the generic `ip netns exec` path (`wanbench exec`) works as for every backend, and
+- Each host's network namespace is attached as the plan's `<prefix>-<node>` (`ip netns attach`), and
+  a node holder (`emulator/nodes.py`: own hostname, IPC, PID space, mounts, cgroups) is started in
+  it, so `wanbench exec`, verify and runs enter a node as on every backend, and
   /etc/netns/<ns>/hosts makes node names resolve. The plan's sysctls are set inside each namespace.
+  Mininet's own host shells stay outside the holder's namespaces (they share the host's hostname,
+  IPC, PID space and mounts, as in plain Mininet); `down` ends the holders with all they run and
+  anything else in the namespaces except those shells, which the driver stops.
 
 Mapping the per-pair matrix: Mininet's `TCLink` shapes an interface as a whole -- one rate, one
 delay for every destination -- which cannot express london->tokyo 107.85 ms next to london->ohio
-43.3 ms on the same host. So the links are plain, and each host's eth0 gets the tc backend's
-per-destination layout (`tc.shaping_commands`: htb class per destination node with its rate, a netem
-leaf with its one-way delay/jitter/loss/limit, a u32 filter on the destination address), run as one
-`tc -batch` per host. Each direction is shaped once, at the sender, with its full one-way delay;
-the bridge adds nothing.
+43.3 ms on the same host. So the links are plain, and shaping is the tc backend's link model
+(`tc.delay_stage`, `tc.bottleneck_stage`): each host's eth0 gets the propagation stage (netem per
+destination: delay, jitter, loss), run as one `tc -batch` per host; each switch port (the bridge
+side of a host's veth, in the root namespace) gets the bottleneck stage (htb class per source at
+the pair's rate, bfifo queue bounded in bytes), all ports in one `tc -batch`.
 
 No netem: Mininet logs "Specified qdisc kind is unknown" and carries on with NO delay. We never
 trust that: after shaping, `up` pings across the pair with the largest RTT and, if the delay is not
@@ -46,7 +50,8 @@ from typing import Optional
 
 from pyroute2 import IPRoute
 
-from .. import netns
+from .. import netns, nodes
+from ..processes import alive, cmdline, send_signal, wait_gone
 from ..plan import Node, Plan
 from . import tc
 from .base import Backend, BackendUnavailable, clear_state, read_state, register
@@ -57,7 +62,7 @@ DRIVER_PATH = Path(__file__).with_name("mininet_driver.py")
 # In the driver's command line, so `wanbench clean` (which looks for the state folder and an
 # `emulator.` module name) and our own /proc checks recognise it.
 DRIVER_OWNER = "emulator.backends.mininet"
-HOST_IFNAME = tc.NODE_IFNAME  # "eth0", as in the tc backend, so tc.shaping_commands applies as is
+HOST_IFNAME = tc.NODE_IFNAME  # "eth0", as in the tc backend, so tc.delay_stage applies as is
 REQUIRED_TOOLS = {
     "mnexec": "apt-get install mininet",
     "brctl": "apt-get install bridge-utils",
@@ -67,8 +72,9 @@ REQUIRED_TOOLS = {
     "ping": "apt-get install iputils-ping",
 }
 
-# Mininet starts one shell per host plus one per switch; ~0.05 s each here. Generous on top.
-READY_TIMEOUT_BASE_S = 30.0
+# Mininet starts one shell per host plus one per switch; ~0.05 s each here. Generous on top: in
+# the user-mode-linux guest on a loaded host, `up` of 3 nodes took 27-43 s and once ran past 31.5 s.
+READY_TIMEOUT_BASE_S = 90.0
 READY_TIMEOUT_PER_NODE_S = 0.5
 STOP_TIMEOUT_BASE_S = 10.0
 STOP_TIMEOUT_PER_NODE_S = 0.2
@@ -136,14 +142,14 @@ def driver_argv(mode: str, prefix: str) -> list[str]:
 # ---- shaping (pure) -----------------------------------------------------------------------------
 
 def shaping_batch(plan: Plan, node: Node) -> str:
-    """`node`'s egress shaping (tc backend layout) as a `tc -n <ns> -batch -` script."""
-    lines = []
-    for cmd in tc.shaping_commands(plan, node):
-        head = ["tc", "-n", node.namespace]
-        if cmd[:3] != head:
-            raise ValueError(f"unexpected tc command shape: {shlex.join(cmd)}")
-        lines.append(shlex.join(cmd[3:]))
-    return "\n".join(lines) + "\n"
+    """`node`'s propagation stage (tc backend layout) as a `tc -n <ns> -batch -` script."""
+    return "".join(shlex.join(cmd) + "\n" for cmd in tc.delay_stage(plan, node))
+
+
+def bottleneck_batch(plan: Plan) -> str:
+    """Every switch port's bottleneck stage (tc backend layout) as one `tc -batch -` script."""
+    return "".join(shlex.join(cmd) + "\n" for node in plan.nodes
+                   for cmd in tc.bottleneck_stage(plan, node, port_name(plan, node)))
 
 
 # ---- the delay check (pure) ---------------------------------------------------------------------
@@ -204,25 +210,8 @@ def no_delay_message(src: Node, dst: Node, expected_ms: float, measured_ms: floa
 
 # ---- processes (side effects, by PID only) ------------------------------------------------------
 
-def _cmdline(pid: int) -> str:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return ""
-    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
-
-
-def _alive(pid: int) -> bool:
-    """Running and not a zombie (a zombie waits for a parent that may not be us)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def is_our_driver(pid: int, prefix: str) -> bool:
-    line = _cmdline(pid)
+    line = cmdline(pid)
     return DRIVER_OWNER in line and f"{Backend.state_dir(prefix)}/" in line and DRIVER_PATH.name in line
 
 
@@ -231,25 +220,9 @@ def our_shell_pids(prefix: str) -> list[int]:
     pattern = shell_pattern(prefix)
     pids = []
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and pattern.search(_cmdline(int(entry.name))) and _alive(int(entry.name)):
+        if entry.name.isdigit() and pattern.search(cmdline(int(entry.name))) and alive(int(entry.name)):
             pids.append(int(entry.name))
     return sorted(pids)
-
-
-def _wait_gone(pids: list[int], timeout_s: float) -> list[int]:
-    deadline = time.monotonic() + timeout_s
-    alive = [pid for pid in pids if _alive(pid)]
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.02)
-        alive = [pid for pid in alive if _alive(pid)]
-    return alive
-
-
-def _signal(pid: int, signum: int) -> None:
-    try:
-        os.kill(pid, signum)
-    except ProcessLookupError:
-        pass
 
 
 def our_root_links(prefix: str) -> list[str]:
@@ -296,18 +269,21 @@ class MininetBackend(Backend):
             check_pair(plan)  # fail before building anything if the plan cannot be checked
         existing = read_state(plan.prefix)
         if existing is not None:
-            raise RuntimeError(
+            raise netns.SystemCheckError(
                 f"a network ({existing[0].get('backend')}) is already up under prefix {plan.prefix}; "
                 f"run 'wanbench down' first")
         leftovers = netns.list_namespaces(plan.prefix) + our_root_links(plan.prefix)
         if leftovers:
-            raise RuntimeError(f"objects with prefix {plan.prefix} exist ({', '.join(leftovers[:5])}); "
+            raise netns.SystemCheckError(f"objects with prefix {plan.prefix} exist ({', '.join(leftovers[:5])}); "
                                f"run 'wanbench clean'")
         netns.check_address_pool_free(plan.address_pool)
         try:
             pids = self._start_driver()
             self._attach_namespaces(pids)
             self._configure_nodes()
+            # Our holders (own hostname, IPC, PID space, mounts, cgroups) in Mininet's namespaces:
+            # `wanbench exec`, verify and the harness enter a node through them, as on tun and tc.
+            nodes.start(plan)
             tc_errors = self._shape()
             self._check(tc_errors)
         except BaseException:
@@ -342,7 +318,7 @@ class MininetBackend(Backend):
         if not report.get("ready"):
             tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
             why = report.get("error") or (f"no answer in {timeout_s:g} s" if not ready else "it exited")
-            raise RuntimeError(f"mininet backend: the Mininet driver failed: {why}"
+            raise tc.CommandFailed(f"mininet backend: the Mininet driver failed: {why}"
                                + (f" (log {log_path}: {' | '.join(tail)})" if tail else ""))
         pids = {name: int(pid) for name, pid in report["pids"].items()}
         self.write_state(
@@ -357,7 +333,7 @@ class MininetBackend(Backend):
                          for node in self.plan.nodes)
         result = subprocess.run(["ip", "-batch", "-"], input=script, capture_output=True, text=True)
         if result.returncode != 0:
-            raise RuntimeError(f"mininet backend: ip netns attach failed: {result.stderr.strip()}")
+            raise tc.CommandFailed(f"ip -batch - (netns attach): {' '.join(result.stderr.split())}")
 
     def _configure_nodes(self) -> None:
         """Hosts file and TCP-buffer sysctls in every node namespace (as netns.create_node does)."""
@@ -376,24 +352,40 @@ class MininetBackend(Backend):
                         pass
 
     def _shape(self) -> dict[str, str]:
-        """Run every node's tc batch (in parallel); return node name -> tc's error, for failures."""
+        """Run every host's tc batch and the switch ports' batch (in parallel); return what -> tc's
+        error, for failures."""
         running = []
         for node in self.plan.nodes:
             proc = subprocess.Popen(["tc", "-n", node.namespace, "-batch", "-"], stdin=subprocess.PIPE,
                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            running.append((node, proc, shaping_batch(self.plan, node)))
+            running.append((node.name, proc, shaping_batch(self.plan, node)))
+        proc = subprocess.Popen(["tc", "-batch", "-"], stdin=subprocess.PIPE,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        running.append((switch_name(self.plan), proc, bottleneck_batch(self.plan)))
         errors = {}
-        for node, proc, script in running:
+        for name, proc, script in running:
             _, err = proc.communicate(script)
             if proc.returncode != 0:
-                errors[node.name] = " ".join(err.split()) or f"exit {proc.returncode}"
+                errors[name] = " ".join(err.split()) or f"exit {proc.returncode}"
         return errors
+
+    def counters(self, fresh: bool = False) -> list[dict]:
+        """Per-pair counters read from the kernel now (`tc -s -j qdisc show`), as the tc backend's:
+        always fresh."""
+        try:
+            core_stats = {dst.name: tc.read_json(["tc", "-s", "-j", "qdisc", "show", "dev",
+                                                  port_name(self.plan, dst)]) for dst in self.plan.nodes}
+            delay_stats = {src.name: tc.read_json(["tc", "-s", "-j", "-n", src.namespace, "qdisc", "show",
+                                                   "dev", HOST_IFNAME]) for src in self.plan.nodes}
+        except (tc.CommandFailed, ValueError):
+            return []
+        return tc.pair_counters(self.plan, core_stats, delay_stats)
 
     def _check(self, tc_errors: dict[str, str]) -> None:
         """Measure the RTT of the largest-delay pair; raise unless the configured delay is there."""
         if len(self.plan.nodes) < 2:
             if tc_errors:
-                raise RuntimeError(f"mininet backend: shaping failed: {tc_errors}")
+                raise tc.CommandFailed(f"mininet backend: tc -batch failed: {tc_errors}")
             return
         src, dst = check_pair(self.plan)
         expected, lowest = expected_rtt_ms(self.plan, src, dst)
@@ -403,7 +395,7 @@ class MininetBackend(Backend):
         result = subprocess.run(argv, capture_output=True, text=True, timeout=deadline_s + 5)
         rtts = parse_ping_rtts_ms(result.stdout)
         if not rtts:
-            raise RuntimeError(f"mininet backend: no ping reply from {dst.name} to {src.name} "
+            raise tc.CommandFailed(f"mininet backend: no ping reply from {dst.name} to {src.name} "
                                f"({result.stdout.strip()[-200:] or result.stderr.strip()})")
         measured = min(rtts)
         no_netem = any(NO_NETEM_MARK in err for err in tc_errors.values())
@@ -411,7 +403,7 @@ class MininetBackend(Backend):
             raise DelayNotApplied(no_delay_message(src, dst, expected, measured, tc_errors))
         if tc_errors:
             name, err = next(iter(tc_errors.items()))
-            raise RuntimeError(f"mininet backend: shaping failed on {name}: {err}")
+            raise tc.CommandFailed(f"mininet backend: tc -batch on {name} failed: {err}")
 
     # ---- down ----
 
@@ -420,26 +412,31 @@ class MininetBackend(Backend):
         prefix = self.plan.prefix
         stored = read_state(prefix)
         info = stored[0] if stored and stored[0].get("backend") == self.name else {}
+        pattern = shell_pattern(prefix)
+        recorded = [pid for pid in info.get("pids", {}).values() if pattern.search(cmdline(pid))]
+        # Every process of the nodes but Mininet's own shells (the driver ends those): the holders
+        # with all they run, then anything else put in the namespaces (e.g. by `ip netns exec`).
+        nodes.stop(self.plan)
+        netns.end_processes((node.namespace for node in self.plan.nodes),
+                            spare=set(recorded) | set(our_shell_pids(prefix)))
         # Detach the names first: a namespace then dies with the last process inside it.
         for node in self.plan.nodes:
             netns.remove_namespace(node.namespace)
         driver_pid = info.get("driver_pid") or (self._driver.pid if self._driver else None)
         stop_timeout_s = STOP_TIMEOUT_BASE_S + STOP_TIMEOUT_PER_NODE_S * len(self.plan.nodes)
-        if driver_pid and _alive(driver_pid) and is_our_driver(driver_pid, prefix):
-            _signal(driver_pid, signal.SIGTERM)  # Mininet's stop: links, bridge, shells
-            for pid in _wait_gone([driver_pid], stop_timeout_s):
-                _signal(pid, signal.SIGKILL)
+        if driver_pid and alive(driver_pid) and is_our_driver(driver_pid, prefix):
+            send_signal(driver_pid, signal.SIGTERM)  # Mininet's stop: links, bridge, shells
+            for pid in wait_gone([driver_pid], stop_timeout_s):
+                send_signal(pid, signal.SIGKILL)
         if self._driver is not None:
             self._driver.wait()  # reap our child
             self._driver = None
         # Shells the driver did not end (it was killed or crashed): the PIDs we recorded plus any
         # shell named with our prefix, each checked against its command line, killed by PID.
-        pattern = shell_pattern(prefix)
-        recorded = [pid for pid in info.get("pids", {}).values() if pattern.search(_cmdline(pid))]
         shells = sorted(set(recorded) | set(our_shell_pids(prefix)))
         for pid in shells:
-            _signal(pid, signal.SIGKILL)
-        _wait_gone(shells, 2.0)
+            send_signal(pid, signal.SIGKILL)
+        wait_gone(shells, 2.0)
         with IPRoute() as ipr:
             for name in our_root_links(prefix):
                 try:

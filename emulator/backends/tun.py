@@ -20,11 +20,15 @@ from pathlib import Path
 from typing import Callable
 
 from .. import netns
+from ..delayline import control
+from ..files import write_json_atomic
+from ..processes import stop_pids
 from .base import Backend, BackendUnavailable, clear_state, read_state, register
 
 READY_TIMEOUT_S = 30.0     # opening devices takes ~10 ms per node; python start-up dominates
 STOP_TIMEOUT_S = 5.0       # SIGTERM, then SIGKILL after this long
 LINK_CHANGE_TIMEOUT_S = 5.0  # the loop applies changes within one counters interval (1 s)
+COUNTERS_TIMEOUT_S = 5.0     # a fresh counters file (SIGUSR1) is written within one loop turn
 LOG_TAIL_BYTES = 4000
 DELAYLINE_MODULE = "emulator.delayline"
 # The repository root, so that `-m emulator.delayline` resolves even when the caller's cwd differs.
@@ -48,43 +52,9 @@ def is_our_delayline(pid: int, prefix: str) -> bool:
     return DELAYLINE_MODULE.encode() in argv and any(f"/{prefix}/".encode() in arg for arg in argv)
 
 
-def _wait_gone(pid: int, timeout_s: float) -> bool:
-    """Wait up to `timeout_s` (s) for `pid` to exit; reap it if it is our child."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            done, _ = os.waitpid(pid, os.WNOHANG)
-            if done == pid:
-                return True
-        except ChildProcessError:
-            if not Path(f"/proc/{pid}").exists():
-                return True
-            # A zombie of another parent still has /proc/<pid>; its cmdline is then empty.
-            try:
-                if not Path(f"/proc/{pid}/cmdline").read_bytes():
-                    return True
-            except OSError:
-                return True
-        time.sleep(0.02)
-    return False
-
-
 def stop_delayline(pid: int, prefix: str, timeout_s: float = STOP_TIMEOUT_S) -> None:
     """SIGTERM the delay line `pid`, SIGKILL it after `timeout_s` (s); only if it is really ours."""
-    if not is_our_delayline(pid, prefix):
-        return
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    if _wait_gone(pid, timeout_s):
-        return
-    if is_our_delayline(pid, prefix):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return
-        _wait_gone(pid, timeout_s)
+    stop_pids([pid], timeout_s, is_ours=lambda candidate: is_our_delayline(candidate, prefix))
 
 
 @register
@@ -92,6 +62,9 @@ class TunBackend(Backend):
     """Namespaces plus one userspace delay-line process that shapes every ordered pair."""
 
     name = "tun"
+    # Extra command-line options for the delay line (see `python -m emulator.delayline --help`);
+    # the benchmark sets them to compare timing policies side by side.
+    delayline_options: tuple[str, ...] = ()
 
     @classmethod
     def check_available(cls) -> None:
@@ -110,7 +83,7 @@ class TunBackend(Backend):
 
     @property
     def counters_path(self) -> Path:
-        return self.folder / "counters.json"
+        return self.folder / control.COUNTERS_FILE
 
     @property
     def log_path(self) -> Path:
@@ -119,7 +92,8 @@ class TunBackend(Backend):
     def delayline_argv(self, plan_path: Path, ready_fd: int) -> list[str]:
         """The command line of the delay-line process (the state folder path names our prefix)."""
         return [sys.executable, "-m", DELAYLINE_MODULE, "--plan", str(plan_path),
-                "--counters", str(self.counters_path), "--ready-fd", str(ready_fd)]
+                "--counters", str(self.counters_path), "--ready-fd", str(ready_fd),
+                *self.delayline_options]
 
     def up(self) -> None:
         self.check_available()
@@ -215,8 +189,8 @@ class TunBackend(Backend):
         netns.remove_nodes(self.plan)
         clear_state(self.plan.prefix)
         (self.folder / "delayline-plan.json").unlink(missing_ok=True)
-        for name in ("links.json", "links.json.applied", "links.json.tmp", "counters.json"):
-            (self.folder / name).unlink(missing_ok=True)
+        for path in control.control_files(self.folder):
+            path.unlink(missing_ok=True)
         # The log stays only if the delay line said something worth reading (a warning, an error).
         try:
             log = self.log_path.read_text()
@@ -231,7 +205,7 @@ class TunBackend(Backend):
 
     @property
     def links_path(self) -> Path:
-        return self.folder / "links.json"
+        return control.links_path(self.folder)
 
     def set_link(self, src_region: str, dst_region: str, spec) -> None:
         """Change a region pair's links in the running delay line; returns once they are in force."""
@@ -248,11 +222,9 @@ class TunBackend(Backend):
             links.append({"src_region": src_region, "dst_region": dst_region,
                           "spec": None if spec is None else dataclasses.asdict(spec)})
         sequence = data["sequence"] + 1
-        tmp = self.links_path.with_name("links.json.tmp")
-        tmp.write_text(json.dumps({"sequence": sequence, "links": links}))
-        tmp.replace(self.links_path)
+        write_json_atomic(self.links_path, {"sequence": sequence, "links": links}, indent=None)
         os.kill(int(pid), signal.SIGHUP)
-        applied = self.links_path.with_name("links.json.applied")
+        applied = control.applied_path(self.links_path)
         deadline = time.monotonic() + LINK_CHANGE_TIMEOUT_S
         while time.monotonic() < deadline:
             try:
@@ -264,13 +236,29 @@ class TunBackend(Backend):
         raise RuntimeError(f"the delay line did not apply link change {sequence} within "
                            f"{LINK_CHANGE_TIMEOUT_S:.0f} s; log {self.log_path}")
 
-    def counters(self) -> list[dict]:
-        """Per-pair counters from the delay line's last write (about once a second)."""
-        try:
-            data = json.loads(self.counters_path.read_text())
-        except (OSError, ValueError):
-            return []
-        return data.get("pairs", [])
+    def counters(self, fresh: bool = False) -> list[dict]:
+        """Per-pair counters from the delay line's last write (about once a second), or, `fresh`,
+        from a write it makes now (SIGUSR1; up to COUNTERS_TIMEOUT_S)."""
+        if fresh:
+            return self._fresh_status().get("pairs", [])
+        return self.status().get("pairs", [])
+
+    def _fresh_status(self) -> dict:
+        state = read_state(self.plan.prefix)
+        pid = (state[0] if state else {}).get("delayline_pid")
+        if pid is None:
+            raise RuntimeError("no delay line is running for this network")
+        asked_unix = time.time()
+        os.kill(int(pid), signal.SIGUSR1)
+        deadline = time.monotonic() + COUNTERS_TIMEOUT_S
+        while time.monotonic() < deadline:
+            status = self.status()
+            # the file says when the delay line took the reading (rounded to the millisecond)
+            if status.get("time_unix_s", 0.0) >= round(asked_unix, 3) - 0.001:
+                return status
+            time.sleep(0.01)
+        raise RuntimeError(f"the delay line did not write its counters within {COUNTERS_TIMEOUT_S:.0f} s; "
+                           f"log {self.log_path}")
 
     def status(self) -> dict:
         """The delay line's whole counters record (lag, unknown destinations, pairs), or {}."""

@@ -11,8 +11,10 @@ import os
 import sys
 from pathlib import Path
 
+from ..files import write_bytes_atomic
 from .runtime import (
-    DEFAULT_EARLY_WAKE_US, DEFAULT_READ_BATCH, DEFAULT_REALTIME_PRIORITY, run_from_plan_file,
+    DEFAULT_BUSY_POLL_US, DEFAULT_EARLY_WAKE_US, DEFAULT_READ_BATCH, DEFAULT_REALTIME_PRIORITY,
+    run_from_plan_file,
 )
 from .scheduler import JITTER_DISTRIBUTIONS
 
@@ -31,11 +33,22 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="RNG seed for loss and jitter")
     parser.add_argument("--jitter-distribution", choices=JITTER_DISTRIBUTIONS, default="uniform")
     parser.add_argument("--early-wake-us", type=float, default=DEFAULT_EARLY_WAKE_US,
-                        help="stop sleeping this long (us) before a delivery and poll")
+                        help="stop sleeping this long (us) before a delivery and poll (default: "
+                             "sized from the measured overshoot of the loop's own sleeps)")
+    parser.add_argument("--single-sleep", action="store_true",
+                        help="sleep once until the spin window instead of long + short stages")
+    parser.add_argument("--busy-poll-us", type=float, default=DEFAULT_BUSY_POLL_US,
+                        help="keep polling this long (us) after a frame was read or delivered")
     parser.add_argument("--read-batch", type=int, default=DEFAULT_READ_BATCH,
                         help="frames read from one device per loop turn")
     parser.add_argument("--realtime-priority", type=int, default=DEFAULT_REALTIME_PRIORITY,
                         help="SCHED_FIFO priority of the loop (0: normal scheduling)")
+    parser.add_argument("--max-sleep-us", type=float, default=None,
+                        help="never sleep longer than this (us), also when idle: faster wake-ups for "
+                             "sparse traffic at the price of idle CPU (default: no cap)")
+    parser.add_argument("--keep-gso", action="store_true",
+                        help="keep GSO frames whole on lossy links too (loss then drops whole "
+                             "frames; for before/after comparisons only)")
     args = parser.parse_args(argv)
 
     def ready() -> None:
@@ -43,9 +56,7 @@ def main(argv=None) -> int:
             os.write(args.ready_fd, READY_MESSAGE)
             os.close(args.ready_fd)
         if args.ready_file is not None:
-            tmp = args.ready_file.with_name(args.ready_file.name + ".tmp")
-            tmp.write_bytes(READY_MESSAGE)
-            tmp.rename(args.ready_file)
+            write_bytes_atomic(args.ready_file, READY_MESSAGE)
         print(f"delayline: ready, pid {os.getpid()}", file=sys.stderr, flush=True)
 
     if args.go_fd is not None:
@@ -56,7 +67,10 @@ def main(argv=None) -> int:
             return 1
     run_from_plan_file(args.plan, args.counters, ready, seed=args.seed,
                        jitter_distribution=args.jitter_distribution,
-                       early_wake_us=args.early_wake_us, read_batch=args.read_batch,
+                       early_wake_us=args.early_wake_us, staged_sleep=not args.single_sleep,
+                       busy_poll_us=args.busy_poll_us, segment_lossy=not args.keep_gso,
+                       max_sleep_us=args.max_sleep_us,
+                       read_batch=args.read_batch,
                        realtime_priority=args.realtime_priority)
     print("delayline: stopped", file=sys.stderr, flush=True)
     return 0

@@ -2,7 +2,9 @@
 
 The device is not persistent: it disappears when the delay line's file descriptor closes (exit,
 crash, SIGKILL), so a dead delay line never leaves links behind. TSO/checksum offload is on, so the
-kernel hands over GSO super-packets of up to 64 KB with a virtio-net header in front.
+kernel hands over GSO super-packets of up to 64 KB with a virtio-net header in front; on a node
+with a lossy outgoing link TSO is off (`set_segmentation`), so the kernel cuts every GSO packet
+into wire-sized ones before the delay line reads them and loss applies per packet.
 """
 
 from __future__ import annotations
@@ -43,29 +45,50 @@ def device_name(prefix: str) -> str:
     return f"{prefix}0"
 
 
-def open_tun(name: str) -> int:
-    """Create a TUN device named `name` in the calling thread's namespace; return its fd (non-blocking)."""
+def offload_flags(segment: bool) -> int:
+    """TUNSETOFFLOAD flags: checksum offload always; TSO only when the kernel need not segment."""
+    return TUN_F_CSUM if segment else TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6
+
+
+def set_segmentation(fd: int, segment: bool) -> None:
+    """Make the kernel hand this TUN device wire-sized packets (`segment`) or GSO frames.
+
+    Takes effect for the next packet sent, also on open connections: the kernel segments a GSO
+    packet in software when the device does not accept TSO (validate_xmit_skb).
+    """
+    fcntl.ioctl(fd, TUNSETOFFLOAD, offload_flags(segment))
+
+
+def open_tun(name: str, segment: bool = False) -> int:
+    """Create a TUN device named `name` in the calling thread's namespace; return its fd (non-blocking).
+
+    Args:
+        name: device name.
+        segment: refuse TSO, so every frame read is one wire packet (nodes with lossy links).
+    """
     fd = os.open(TUN_PATH, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         ifreq = struct.pack("16sH22x", name.encode(), IFF_TUN | IFF_NO_PI | IFF_VNET_HDR)
         fcntl.ioctl(fd, TUNSETIFF, ifreq)
         fcntl.ioctl(fd, TUNSETVNETHDRSZ, struct.pack("i", VNET_HDR_BYTES))
-        fcntl.ioctl(fd, TUNSETOFFLOAD, TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6)
+        set_segmentation(fd, segment)
     except OSError:
         os.close(fd)
         raise
     return fd
 
 
-def open_node_device(plan: Plan, node: Node) -> int:
+def open_node_device(plan: Plan, node: Node, segment: bool = False) -> int:
     """Create, address and bring up `node`'s TUN device in its namespace; return the fd.
+
+    `segment`: refuse TSO (see open_tun); the delay line sets it for Plan.segments_egress nodes.
 
     IPv6 is disabled on the device first, so the kernel sends no router solicitations or MLD
     reports that the delay line would only have to drop.
     """
     name = device_name(plan.prefix)
     with netns.entered(node.namespace):
-        fd = open_tun(name)
+        fd = open_tun(name, segment=segment)
         try:
             ipv6 = Path("/proc/sys/net/ipv6/conf") / name / "disable_ipv6"
             if ipv6.exists():

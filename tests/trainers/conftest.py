@@ -120,3 +120,10 @@ def records(output_dir: Path, rank: int, kind: str | None = None) -> list[dict]:
     """Records of one rank, optionally only those of ``kind``."""
     rows = read_records(output_dir / f"rank{rank}.jsonl")
     return [r for r in rows if kind is None or r["kind"] == kind]
+
+
+def evaluations(output_dir: Path) -> list[dict]:
+    """The evaluator's records for a finished job (its output model at each eval point)."""
+    from trainers.evaluate import evaluate_job
+
+    return evaluate_job(output_dir)

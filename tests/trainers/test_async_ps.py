@@ -7,11 +7,12 @@ import math
 import pytest
 import torch
 
-from tests.trainers.conftest import BASE_CONFIG, merge, records, run_training
+from tests.trainers.conftest import evaluations, BASE_CONFIG, merge, records, run_training
 from trainers.algorithms import get_algorithm
 from trainers.algorithms.async_ps import AsyncPS, AsyncPSParams
 from trainers.algorithms.ps_common import split_ranges
-from trainers.config import ConfigError, load_config
+from trainers.config import ConfigError
+from trainers.loading import load_config
 from trainers.datasets import BatchSampler, load_dataset, shard_indices
 from trainers.models import build_model
 from trainers.training import evaluate, loss_fn
@@ -24,11 +25,25 @@ from trainers.training import evaluate, loss_fn
         ({"server_ranks": [0, 0]}, "server_ranks"),
         ({"server_ranks": [-1]}, "server_ranks"),
         ({"pull_every": 0}, "pull_every"),
+        ({"staleness_aware_lr": "yes"}, "staleness_aware_lr"),
     ],
 )
 def test_params_name_the_bad_field(changes, field):
     with pytest.raises(ConfigError, match=f"^{field}: "):
         AsyncPSParams(**changes)
+
+
+@pytest.mark.parametrize("aware, expected", [(True, -0.1 - 0.1 / 4), (False, -0.2)])
+def test_a_stale_gradient_moves_the_server_by_lr_over_its_staleness(aware, expected):
+    """Zhang et al.'s staleness-aware rule on the server's own apply: lr / max(1, staleness)."""
+    server = AsyncPS.__new__(AsyncPS)  # only the server's apply, without a comm
+    server.params, server.lr = AsyncPSParams(staleness_aware_lr=aware), 0.1
+    server.server_param = torch.nn.Parameter(torch.zeros(3), requires_grad=False)
+    server.shard = server.server_param.data
+    server.server_optimizer = torch.optim.SGD([server.server_param], lr=0.1)
+    server.server_apply(torch.ones(3), want_reply=False, staleness=0)  # fresh: the full lr
+    reply = server.server_apply(torch.ones(3), want_reply=True, staleness=4)
+    assert torch.allclose(reply, torch.full((3,), expected))
 
 
 def test_registered_and_ranges_cover_everything():
@@ -98,12 +113,13 @@ def test_two_servers_one_worker_pulling_every_other_step_is_still_sgd(tmp_path):
     trained = torch.load(out / "rank1_final.pt")
     assert max((trained[k] - reference[k]).abs().max().item() for k in reference) < 1e-6
     assert [r["staleness"] for r in records(out, 1, "step")] == [None, 1] * 5
-    # Rank 0 evaluated the servers' parameters, which are the worker's after its last pull.
+    # The evaluator joined the servers' ranges (rank 2's and rank 0's snapshots): the worker's
+    # parameters after its last pull.
     worker_model = RunnerData(changes, 3).model()
     worker_model.load_state_dict(trained)
     data = RunnerData(changes, 3).data
     accuracy, loss = evaluate(worker_model, data.test_x, data.test_y, torch.device("cpu"))
-    assert records(out, 0, "eval")[-1]["loss"] == pytest.approx(loss, abs=1e-6)
+    assert evaluations(out)[-1]["loss"] == pytest.approx(loss, abs=1e-6)
 
 
 @pytest.mark.slow
@@ -112,7 +128,7 @@ def test_reaches_accuracy_with_one_server_and_three_workers(tmp_path):
     held-out accuracy of the server's parameters 0.85 at step 60, 0.90 at step 100. Asynchronous,
     so not bit-reproducible; we ask for 0.80 at step 100."""
     out = run_training(tmp_path, 4, {"steps": 100, "eval_every": 50, "algorithm": {"name": "async_ps"}})
-    evals = records(out, 0, "eval")
+    evals = evaluations(out)
     assert evals[-1]["step"] == 99 and evals[-1]["accuracy"] >= 0.80
     staleness = [r["staleness"] for r in records(out, 0, "step") if r["staleness"] is not None]
     assert staleness and max(staleness) >= 1  # three workers pushing: the server sees stale gradients

@@ -10,7 +10,7 @@ import torch
 from trainers.config import ConfigError, DatasetConfig, LRScheduleConfig
 from trainers.datasets import BatchSampler, _read_idx, load_dataset, shard_indices
 from trainers.models import build_model
-from trainers.records import RecordWriter, read_records
+from trainers.records import RecordWriter, read_records, resolved_config_path, write_json_atomic
 from trainers.training import loss_fn, lr_at
 
 FASHION = Path("/usr/share/datasets/fashion-mnist")
@@ -138,3 +138,25 @@ def test_record_writer_flushes_each_line(tmp_path):
     assert rows[0]["time_s"] >= 0 and rows[0]["time_unix"] > 1.6e9
     writer.close()
     writer.close()
+
+
+def test_json_is_written_whole_or_not_at_all(tmp_path):
+    path = tmp_path / "config.resolved.json"
+    write_json_atomic(path, {"steps": 3})
+    write_json_atomic(path, {"steps": 4})
+    assert path.read_text() == '{\n  "steps": 4\n}\n'
+    with pytest.raises(TypeError):
+        write_json_atomic(path, {"steps": object()})  # fails half-way: the old file stays, no litter
+    assert path.read_text() == '{\n  "steps": 4\n}\n'
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+    plain = tmp_path / "plain.json"
+    plain.write_text("{}")
+    assert path.stat().st_mode == plain.stat().st_mode  # readable as any file the run writes
+
+
+def test_the_resolved_config_is_found_in_new_and_old_run_directories(tmp_path):
+    assert resolved_config_path(tmp_path) is None  # rank 0 has not started
+    (tmp_path / "config.json").write_text("{}")  # an older run: rank 0 overwrote the input with it
+    assert resolved_config_path(tmp_path) == tmp_path / "config.json"
+    write_json_atomic(tmp_path / "config.resolved.json", {})
+    assert resolved_config_path(tmp_path) == tmp_path / "config.resolved.json"

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from trainers.config import ConfigError, load_config
+from trainers.config import ConfigError
+from trainers.loading import load_config
 
 
 def base(**changes):
@@ -43,7 +44,7 @@ def base(**changes):
 def test_bad_values_fail_naming_the_field(changes, field, fragment):
     with pytest.raises(ConfigError) as caught:
         load_config(base(**changes))
-    assert caught.value.path == field
+    assert caught.value.field == field
     assert str(caught.value).startswith(f"{field}: ")
     assert fragment in str(caught.value)
 
@@ -88,3 +89,27 @@ def test_cli_help_lists_algorithms():
     assert done.returncode == 0
     for name in ("sync", "ddp", "local_sgd", "dts", "diloco", "RANK", "WORLD_SIZE"):
         assert name in done.stdout
+
+
+@pytest.mark.parametrize("field, message, source", [
+    ("algorithm.params.H", "must be an integer >= 1, got 0", "run.yaml"),
+    ("steps", "is required", ""),
+    ("", "config file not found: x.yaml", ""),
+    ("bad\nkey", "two\nlines  and\ttabs", "s.yaml"),
+])
+def test_config_error_has_the_emulators_shape(field, message, source):
+    """One ConfigError shape in both packages (they do not import each other, so it is kept twice)."""
+    from emulator.schema import ConfigError as EmulatorConfigError
+
+    def shape(error):
+        return str(error), error.field, error.message, error.source
+
+    pairs = [
+        (ConfigError(field, message, source), EmulatorConfigError(field, message, source)),
+        (ConfigError(field, message, source).prefixed("workload"),
+         EmulatorConfigError(field, message, source).prefixed("workload")),
+        (ConfigError(field, message), EmulatorConfigError(field, message)),
+    ]
+    for ours, theirs in pairs:
+        assert type(ours) is ConfigError and shape(ours) == shape(theirs)
+        assert "\n" not in str(ours) and "\t" not in str(ours)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.trainers.conftest import records, run_training
+from tests.trainers.conftest import evaluations, records, run_training
 from tests.trainers.test_async_ps import RunnerData
 from trainers.algorithms import get_algorithm
 from trainers.algorithms.easgd import EASGD, EASGDParams
@@ -81,7 +81,7 @@ def test_easgd_equals_simulation_of_four_workers_and_reaches_accuracy(tmp_path):
         for p, c in zip(centre_model.parameters(), centre):
             p.copy_(c)
     accuracy, loss = evaluate(centre_model, runner_data.data.test_x, runner_data.data.test_y, torch.device("cpu"))
-    evaluated = records(out, 0, "eval")[-1]
+    evaluated = evaluations(out)[-1]
     assert evaluated["step"] == steps - 1
     assert evaluated["loss"] == pytest.approx(loss, abs=1e-5)
     assert evaluated["accuracy"] == pytest.approx(accuracy, abs=2e-3)  # one sample may flip on a near-tie
@@ -94,7 +94,7 @@ def test_eawild_reaches_accuracy_with_one_server_and_three_workers(tmp_path):
     0.89 at step 60, 0.94 at step 100. Asynchronous, so not bit-reproducible; we ask for 0.85 at
     step 100."""
     out = run_training(tmp_path, 4, {"steps": 100, "eval_every": 50, "optimizer": {"momentum": 0.9}, "algorithm": {"name": "eawild"}})
-    evals = records(out, 0, "eval")
+    evals = evaluations(out)
     assert evals[-1]["step"] == 99 and evals[-1]["accuracy"] >= 0.85
     for worker in (1, 2, 3):
         exchanged = [r["step"] for r in records(out, worker, "step") if r["staleness"] is not None]

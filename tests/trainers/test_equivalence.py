@@ -20,6 +20,11 @@ RUNS = {
     "sync_momentum_again": {**MOMENTUM, "algorithm": {"name": "sync"}},
     "ddp_momentum": {**MOMENTUM, "algorithm": {"name": "ddp"}},
     "dts_t0_p1_momentum": {**MOMENTUM, "algorithm": {"name": "dts", "params": {"t": 0, "p": 1}}},
+    "sync_momentum_gloo": {**MOMENTUM, "algorithm": {"name": "sync"}, "comm": {"allreduce": "gloo"}},
+    "sync_momentum_ring": {**MOMENTUM, "algorithm": {"name": "sync"}, "comm": {"allreduce": "ring"}},
+    "dts_t0_p1_momentum_gloo": {
+        **MOMENTUM, "algorithm": {"name": "dts", "params": {"t": 0, "p": 1}}, "comm": {"allreduce": "gloo"},
+    },
     "sync_plain": {**PLAIN, "algorithm": {"name": "sync"}},
     "local_sgd_h1_plain": {**PLAIN, "algorithm": {"name": "local_sgd", "params": {"H": 1}}},
     "local_sgd_h1_ring_plain": {**PLAIN, "algorithm": {"name": "local_sgd", "params": {"H": 1, "collective": "ring"}}},
@@ -87,6 +92,21 @@ def test_equals_sync_with_momentum(runs, name):
     ours = [r["loss"] for r in records(runs[name], 0, "step")]
     theirs = [r["loss"] for r in records(runs["sync_momentum"], 0, "step")]
     assert ours == pytest.approx(theirs, abs=1e-5)
+
+
+@pytest.mark.parametrize("name", ["sync_momentum_gloo", "sync_momentum_ring", "dts_t0_p1_momentum_gloo"])
+def test_our_allreduce_equals_gloos_and_the_start_record_says_which(runs, name):
+    """sync and DTS(t=0, p=1) on our all-reduce (comm.allreduce: auto, the default) against gloo's
+    all_reduce and the ring; every rank's start record names the transport it used."""
+    reference = "dts_t0_p1_momentum" if name.startswith("dts") else "sync_momentum"
+    for rank in range(2):
+        difference = max_difference(final_state(runs[name], rank), final_state(runs[reference], rank))
+        assert difference < 1e-6, f"{name} rank {rank} differs from {reference} by {difference}"
+        assert records(runs[reference], rank, "start")[0]["transport"] == "ours:auto"
+        expected = "gloo" if name.endswith("gloo") else "ours:ring"
+        assert records(runs[name], rank, "start")[0]["transport"] == expected
+    ours = [r["bytes_sent"] for r in records(runs[reference], 0, "step")]
+    assert ours == [r["bytes_sent"] for r in records(runs[name], 0, "step")]  # 2 ranks: 1 tensor each way
 
 
 @pytest.mark.parametrize("name", ["local_sgd_h1_plain", "local_sgd_h1_ring_plain"])

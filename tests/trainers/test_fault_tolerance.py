@@ -21,7 +21,7 @@ import pytest
 import torch
 import yaml
 
-from tests.trainers.conftest import BASE_CONFIG, merge, records, run_training
+from tests.trainers.conftest import evaluations, BASE_CONFIG, merge, records, run_training
 from trainers.launch import free_port, stop_processes
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -192,7 +192,7 @@ def test_a_crashed_rank_is_dropped_and_rejoins(tmp_path, algorithm, params):
     # The survivors kept training while rank 2 was away, and everyone stopped at the same step.
     last_steps = {rank: records(out, rank, "step")[-1]["step"] for rank in range(4)}
     assert len(set(last_steps.values())) == 1 and last_steps[0] > changes[1]["step"]
-    final = records(out, 0, "eval")[-1]["accuracy"]
+    final = evaluations(out)[-1]["accuracy"]
     assert final > 0.85, final
 
 
@@ -201,7 +201,7 @@ def test_a_crash_without_restart_leaves_the_others_training(tmp_path):
     assert codes["final"][:2] + codes["final"][3:] == [0, 0, 0]
     assert records(out, 0, "membership")[0]["lost"] == [2]
     assert records(out, 1, "status")[-1]["status"] == "ok"
-    assert records(out, 0, "eval")[-1]["accuracy"] > 0.85
+    assert evaluations(out)[-1]["accuracy"] > 0.85
 
 
 # ---------------------------------------------------------------------------------------------
@@ -220,7 +220,7 @@ def test_tcp_backend_trains_as_gloo_without_faults(tmp_path, algorithm, params):
                                                    "comm": {"backend": backend}, "steps": 40,
                                                    "save_final_model": True})
         finals[backend] = [torch.load(out / f"rank{r}_final.pt") for r in range(4)]
-        finals[backend + "_acc"] = records(out, 0, "eval")[-1]["accuracy"]
+        finals[backend + "_acc"] = evaluations(out)[-1]["accuracy"]
     for gloo, tcp in zip(finals["gloo"], finals["tcp"]):
         for name in gloo:
             if algorithm == "diloco":

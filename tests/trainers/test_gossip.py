@@ -87,7 +87,7 @@ def test_params_errors_name_the_field(name, params, message):
 
 
 def test_registered_and_resolved_through_the_config():
-    from trainers.config import load_config
+    from trainers.loading import load_config
 
     config = load_config({"output_dir": "/tmp/unused", "algorithm": {"name": "swarmsgd", "params": {"quantize": "qsgd"}}})
     assert config.algorithm.params == {"H": 4, "quantize": "qsgd", "levels": 127, "chunk_size": 64, "seed": 0}

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.trainers.conftest import records, run_training
+from tests.trainers.conftest import evaluations, records, run_training
 from trainers.algorithms import AlgorithmContext, get_algorithm
 from trainers.algorithms.p3 import P3, P3Params
 from trainers.comm import Comm
@@ -145,5 +145,5 @@ def test_equals_sync_on_four_ranks_and_reaches_accuracy(tmp_path):
         difference = max((ours[k] - theirs[k]).abs().max().item() for k in ours)
         assert difference < 1e-5, f"rank {rank}: p3 differs from sync by {difference}"
     assert [r["loss"] for r in records(p3, 0, "step")] == pytest.approx([r["loss"] for r in records(sync, 0, "step")], abs=1e-5)
-    evals = records(p3, 0, "eval")
+    evals = evaluations(p3)
     assert evals[-1]["step"] == 39 and evals[-1]["accuracy"] >= 0.83

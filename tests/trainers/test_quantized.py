@@ -140,7 +140,7 @@ def test_ring_collective_only_for_summable_codes():
 
 
 def test_registered_and_resolved_through_the_config():
-    from trainers.config import load_config
+    from trainers.loading import load_config
 
     config = load_config({
         "output_dir": "/tmp/unused", "algorithm": {"name": "quantized", "params": {"base": "local_sgd", "compressor": "topk"}},

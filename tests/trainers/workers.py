@@ -98,7 +98,7 @@ def failing_worker(rank: int, world_size: int, port: int, out_dir: str, fail_ran
     _init_env(rank, world_size, port)
     from trainers.algorithms import register_algorithm
     from trainers.algorithms.sync import Sync
-    from trainers.config import load_config
+    from trainers.loading import load_config
     from trainers.runner import run
 
     @register_algorithm
@@ -126,7 +126,7 @@ def run_configs_worker(rank: int, world_size: int, port: int, configs: list[dict
     Each run gets its own rendezvous port; torch is imported once, which keeps the suite fast.
     """
     _init_env(rank, world_size, port)
-    from trainers.config import load_config
+    from trainers.loading import load_config
     from trainers.runner import run
 
     for config, run_port in zip(configs, ports):
@@ -155,3 +155,133 @@ def ring_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
             })
     comm.shutdown()
     Path(out_dir, f"ring{rank}.json").write_text(json.dumps(results))
+
+
+def slow_snapshot_worker(rank: int, world_size: int, port: int, config: dict, delay_s: float) -> None:
+    """Run the real runner with snapshot writing made ``delay_s`` slower (a fault injected in the
+    runner's writer), to show that the time is not on the training clock."""
+    _init_env(rank, world_size, port)
+    import time
+
+    import trainers.runner
+    from trainers.loading import load_config
+
+    real_write = trainers.runner.write_snapshot
+
+    def slow_write(*args, **kwargs):
+        time.sleep(delay_s)
+        return real_write(*args, **kwargs)
+
+    trainers.runner.write_snapshot = slow_write
+    trainers.runner.run(load_config(config))
+
+
+def replica_mean_worker(rank: int, world_size: int, port: int, out_dir: str, steps: int, H: int) -> None:
+    """Local SGD on slice ``rank`` of fixed batches for ``steps`` steps (replicas differ unless H
+    divides steps); write this rank's snapshot, then the all-reduce average it replaces."""
+    _init_env(rank, world_size, port)
+    from tests.trainers.reference import global_batches, make_model
+    from trainers.algorithms import AlgorithmContext
+    from trainers.algorithms.local_sgd import LocalSGD, LocalSGDParams
+    from trainers.comm import TorchComm
+    from trainers.config import OptimizerConfig
+    from trainers.snapshots import write_snapshot
+    from trainers.training import loss_fn
+
+    comm = TorchComm("gloo", timeout_s=60)
+    ctx = AlgorithmContext(model=make_model(), comm=comm, loss_fn=loss_fn, optimizer=OptimizerConfig(momentum=0.9),
+                           lr=0.05, device=torch.device("cpu"))
+    algorithm = LocalSGD(LocalSGDParams(H=H), ctx)
+    algorithm.setup()
+    for step, (x, y) in enumerate(global_batches(steps)):
+        per_rank = len(x) // world_size
+        algorithm.train_step(step, (x[rank * per_rank:(rank + 1) * per_rank], y[rank * per_rank:(rank + 1) * per_rank]))
+    before = comm.stats.snapshot()
+    output = algorithm.output_state()
+    write_snapshot(out_dir, rank, 0, steps - 1, 0.0, 0.0, output)
+    snapshot_bytes = comm.stats.snapshot()[0] - before[0]
+    torch.save(algorithm.averaged_copy().state_dict(), Path(out_dir, f"allreduce_average_{rank}.pt"))
+    torch.save(ctx.model.state_dict(), Path(out_dir, f"replica_{rank}.pt"))
+    Path(out_dir, f"snapshot_bytes_{rank}.json").write_text(json.dumps(snapshot_bytes))
+    comm.shutdown()
+
+
+def allreduce_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """Every allreduce_async algorithm against gloo's all_reduce for every op and awkward sizes;
+    write the largest error, a digest of the result's bits and the bytes accounted."""
+    import hashlib
+
+    _init_env(rank, world_size, port)
+    from trainers.comm import TorchComm
+
+    comm = TorchComm("gloo", timeout_s=60)
+    results = []
+    generator = torch.Generator().manual_seed(100 + rank)
+    for numel in (1, 2, 7, 1000, 100_003):
+        for op in ("sum", "avg", "max", "min"):
+            data = torch.randn(numel, generator=generator)
+            reference = data.clone()
+            comm.all_reduce(reference, op=op)
+            for algorithm in ("ring", "direct", "recursive_doubling", "auto"):
+                ours = data.clone()
+                sent_before, recv_before = comm.stats.bytes_sent, comm.stats.bytes_recv
+                work = comm.allreduce_async(ours, op=op, algorithm=algorithm)
+                returned = work.wait()
+                results.append({
+                    "numel": numel, "op": op, "algorithm": algorithm,
+                    "max_error": (ours - reference).abs().max().item(),
+                    "scale": reference.abs().max().item(),
+                    "same_tensor": returned is ours,
+                    "digest": hashlib.sha256(ours.numpy().tobytes()).hexdigest(),
+                    "sent": comm.stats.bytes_sent - sent_before, "recv": comm.stats.bytes_recv - recv_before,
+                })
+    # Several in flight at once (DTS with t >= p): launch three, wait in order.
+    tensors = [torch.full((5003,), float(rank + k)) for k in range(3)]
+    works = [comm.allreduce_async(t, op="sum", algorithm=a) for t, a in zip(tensors, ("ring", "direct", "recursive_doubling"))]
+    in_flight = [w.wait()[0].item() for w in works]
+    comm.shutdown()
+    Path(out_dir, f"allreduce{rank}.json").write_text(json.dumps({"rows": results, "in_flight": in_flight}))
+
+
+def overlap_worker(rank: int, world_size: int, port: int, out_dir: str, one_way_delay_s: float, compute_s: float) -> None:
+    """Blocked time of launch-then-compute-then-wait vs launch-and-wait, on a comm whose background
+    messages each take ``one_way_delay_s`` longer to arrive (an artificial WAN on loopback)."""
+    import time
+
+    _init_env(rank, world_size, port)
+    from trainers.comm import TorchComm
+
+    class DelayedComm(TorchComm):
+        """Every background receive completes no earlier than ``one_way_delay_s`` after it was
+        posted (receives posted together wait together, as on a WAN)."""
+
+        def _irecv_background(self, tensor, src, tag):
+            wait_fn, poll_fn = super()._irecv_background(tensor, src, tag)
+            arrives = time.perf_counter() + one_way_delay_s
+
+            def delayed_wait():
+                time.sleep(max(0.0, arrives - time.perf_counter()))
+                return wait_fn()
+
+            return delayed_wait, poll_fn
+
+    comm = DelayedComm("gloo", timeout_s=60)
+    results = {}
+    for algorithm in ("ring", "direct", "recursive_doubling"):
+        for mode in ("wait_at_once", "compute_then_wait"):
+            comm.barrier()
+            x = torch.full((4096,), float(rank))
+            blocked_before = comm.stats.blocked_s
+            start = time.perf_counter()
+            work = comm.allreduce_async(x, op="sum", algorithm=algorithm)
+            if mode == "compute_then_wait":
+                busy_until = time.perf_counter() + compute_s
+                while time.perf_counter() < busy_until:  # DTS's t local steps (the GIL taken between ops)
+                    torch.mm(torch.ones(256, 256), torch.ones(256, 256))
+            work.wait()
+            results[f"{algorithm}/{mode}"] = {
+                "blocked_s": comm.stats.blocked_s - blocked_before, "wall_s": time.perf_counter() - start,
+                "correct": bool((x == sum(range(world_size))).all()),
+            }
+    comm.shutdown()
+    Path(out_dir, f"overlap{rank}.json").write_text(json.dumps(results))

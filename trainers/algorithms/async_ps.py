@@ -23,20 +23,25 @@ import torch
 
 from trainers.algorithms.base import AlgorithmContext, StepResult, flatten, grads_of, unflatten_into
 from trainers.algorithms.ps_common import ParameterServerAlgorithm, check_server_ranks
-from trainers.config import require_int
+from trainers.config import ConfigError, require_int
 
 
 @dataclass
 class AsyncPSParams:
     """Args: server_ranks: ranks acting as servers (parameters split in contiguous ranges over them,
-    in this order); pull_every: steps between a worker's pulls of the current parameters."""
+    in this order); pull_every: steps between a worker's pulls of the current parameters;
+    staleness_aware_lr: a server applies a gradient of staleness s with lr / max(1, s) (Zhang et
+    al., "Staleness-aware Async-SGD", IJCAI 2016), so stale gradients move the model less."""
 
     server_ranks: list[int] = field(default_factory=lambda: [0])
     pull_every: int = 1
+    staleness_aware_lr: bool = True
 
     def __post_init__(self) -> None:
         check_server_ranks(self.server_ranks)
         require_int("pull_every", self.pull_every, minimum=1)
+        if not isinstance(self.staleness_aware_lr, bool):
+            raise ConfigError("staleness_aware_lr", f"must be true or false, got {self.staleness_aware_lr!r}")
 
 
 class AsyncPS(ParameterServerAlgorithm):
@@ -67,8 +72,11 @@ class AsyncPS(ParameterServerAlgorithm):
     def messages_due(self, step: int) -> int:
         return step + 1
 
-    def server_apply(self, payload: torch.Tensor, want_reply: bool) -> Optional[torch.Tensor]:
+    def server_apply(self, payload: torch.Tensor, want_reply: bool, staleness: int) -> Optional[torch.Tensor]:
         self.server_param.grad = payload
+        lr = self.lr / max(1, staleness) if self.params.staleness_aware_lr else self.lr
+        for group in self.server_optimizer.param_groups:
+            group["lr"] = lr
         self.server_optimizer.step()
         return self.shard.clone() if want_reply else None
 

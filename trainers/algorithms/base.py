@@ -21,6 +21,7 @@ from torch import nn
 
 from trainers.comm import Comm
 from trainers.config import OptimizerConfig
+from trainers.snapshots import OutputState
 
 
 @dataclass
@@ -116,6 +117,15 @@ class Algorithm(ABC):
         """
         return self.model
 
+    def output_state(self) -> Optional[OutputState]:
+        """This rank's part of the model the algorithm outputs, for a snapshot; None: no part.
+
+        Called at eval points on every rank, each on its own: it must not communicate and must not
+        wait for an exchange in flight. The default (replicas kept identical: sync, DDP, P3) is
+        rank 0's replica. Roles and how the evaluator combines them: ``trainers/snapshots.py``.
+        """
+        return OutputState("rank0", self.model.state_dict()) if self.comm.rank == 0 else None
+
     def finish(self) -> None:
         """Complete outstanding communication after the last step (called on every rank)."""
 
@@ -155,7 +165,7 @@ class Algorithm(ABC):
 
     def broadcast_tensors(self, tensors: list[torch.Tensor], src: int) -> None:
         """Overwrite ``tensors`` on every rank with rank ``src``'s values, in one message per dtype."""
-        for group in _by_dtype(tensors):
+        for group in group_by_dtype(tensors):
             flat = flatten(group)
             self.comm.broadcast(flat, src=src)
             unflatten_into(flat, group)
@@ -168,13 +178,17 @@ class Algorithm(ABC):
             collective: allreduce (backend all_reduce) | ring (Comm.ring_all_reduce over
                 isend/irecv: fewer round trips on a WAN).
         """
-        for group in _by_dtype(t for t in tensors if t.is_floating_point()):
+        for group in group_by_dtype(t for t in tensors if t.is_floating_point()):
             flat = flatten(group)
             if collective == "ring":
                 self.comm.ring_all_reduce(flat, op="avg")
-            else:
-                self.comm.all_reduce(flat, op="avg")
+            else:  # the configured all-reduce (comm.allreduce)
+                self.comm.allreduce_async(flat, op="avg").wait()
             unflatten_into(flat, group)
+
+    def replica_state(self) -> OutputState:
+        """This rank's replica as a ``replica`` output (the evaluator averages the replicas)."""
+        return OutputState("replica", self.model.state_dict())
 
     def averaged_copy(self) -> nn.Module:
         """A copy of the local model whose parameters and float buffers are the mean over ranks (collective).
@@ -214,7 +228,9 @@ def grads_of(parameters: Iterable[torch.nn.Parameter]) -> list[torch.Tensor]:
     return grads
 
 
-def _by_dtype(tensors: Iterable[torch.Tensor]) -> list[list[torch.Tensor]]:
+def group_by_dtype(tensors: Iterable[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """``tensors`` in groups of one dtype each (in order of first appearance), so that each group
+    can be flattened into one buffer."""
     groups: dict[torch.dtype, list[torch.Tensor]] = {}
     for tensor in tensors:
         groups.setdefault(tensor.dtype, []).append(tensor)

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Optional
 
 import torch
 from torch import nn
 
 from trainers.algorithms.base import Algorithm, AlgorithmContext, StepResult, flatten, unflatten_into
 from trainers.config import ConfigError, require_choice, require_float, require_int
+from trainers.snapshots import OutputState
 
 
 @dataclass
@@ -99,7 +100,7 @@ class DiLoCo(Algorithm):
         if self.params.collective == "ring":
             self.comm.ring_all_reduce(pseudo_gradient, op="avg")
         else:
-            self.comm.all_reduce(pseudo_gradient, op="avg")
+            self.comm.allreduce_async(pseudo_gradient, op="avg").wait()
         for param in global_params:
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
@@ -115,6 +116,10 @@ class DiLoCo(Algorithm):
                 local.copy_(global_param)
         self.state.inner_steps = 0
         self.state.rounds += 1
+
+    def output_state(self) -> Optional[OutputState]:
+        """The global model theta_g, written by rank 0 (every rank holds the same one)."""
+        return OutputState("global", self.global_model.state_dict()) if self.comm.rank == 0 else None
 
     def deployable_model(self) -> nn.Module:
         """The global model theta_g (identical on every rank, no communication)."""

@@ -30,6 +30,7 @@ from trainers.algorithms.base import Algorithm, AlgorithmContext, StepResult, fl
 from trainers.algorithms.hooks import ExchangeHook, allreduce_hook
 from trainers.comm import Work
 from trainers.config import require_int
+from trainers.snapshots import OutputState
 
 
 @dataclass
@@ -114,6 +115,10 @@ class DTS(Algorithm):
             with torch.no_grad():
                 current = flatten(self._trainable)
                 unflatten_into(current - correction, self._trainable)
+
+    def output_state(self) -> OutputState:
+        """Every rank's replica (no communication); their mean is the output model."""
+        return self.replica_state()
 
     def deployable_model(self) -> nn.Module:
         """The mean of the replicas now (one all_reduce)."""

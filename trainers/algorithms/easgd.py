@@ -24,6 +24,7 @@ from torch import nn
 
 from trainers.algorithms.base import Algorithm, AlgorithmContext, StepResult, flatten, unflatten_into
 from trainers.config import ConfigError, require_float, require_int
+from trainers.snapshots import OutputState
 
 DEFAULT_BETA = 0.9
 
@@ -91,7 +92,7 @@ class EASGD(Algorithm):
         local = flatten(self.trainable)
         difference = local - self.state.centre
         total = difference.clone()
-        self.comm.all_reduce(total, op="sum")
+        self.comm.allreduce_async(total, op="sum").wait()
         unflatten_into(local - self.alpha * difference, self.trainable)
         self.state.centre.add_(total, alpha=self.alpha)
         floating = [b for b in self.model.buffers() if b.is_floating_point()]
@@ -102,6 +103,10 @@ class EASGD(Algorithm):
             for target, value in zip(floating_targets, averaged):
                 target.copy_(value)
         self.state.exchanges += 1
+
+    def output_state(self) -> Optional[OutputState]:
+        """The centre x~, written by rank 0 (every rank holds the same one)."""
+        return OutputState("centre", self.deployable_model().state_dict()) if self.comm.rank == 0 else None
 
     def deployable_model(self) -> nn.Module:
         """The centre x~ (identical on every rank; no communication)."""

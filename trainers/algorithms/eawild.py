@@ -26,50 +26,38 @@ from typing import Optional
 import torch
 
 from trainers.algorithms.base import AlgorithmContext, StepResult, flatten, unflatten_into
-from trainers.algorithms.easgd import DEFAULT_BETA
+from trainers.algorithms.easgd import EASGDParams
 from trainers.algorithms.ps_common import ParameterServerAlgorithm, check_server_ranks
-from trainers.config import ConfigError, require_float, require_int
 
 
 @dataclass
-class EAWildParams:
-    """Args: server_ranks: ranks holding the centre (split in contiguous ranges, in this order);
-    tau: steps between a worker's elastic exchanges; alpha: moving rate (default beta / workers);
-    beta: p * alpha, used only when alpha is not given (default 0.9). Give alpha or beta, not both."""
+class EAWildParams(EASGDParams):
+    """EASGD's parameters (tau, alpha, beta: the same checks and moving rate, with workers the
+    ranks that are not servers) plus server_ranks: ranks holding the centre (split in contiguous
+    ranges, in this order)."""
 
     server_ranks: list[int] = field(default_factory=lambda: [0])
-    tau: int = 4
-    alpha: Optional[float] = None
-    beta: Optional[float] = None
 
     def __post_init__(self) -> None:
         check_server_ranks(self.server_ranks)
-        require_int("tau", self.tau, minimum=1)
-        if self.alpha is not None and self.beta is not None:
-            raise ConfigError("alpha", "give alpha or beta, not both (alpha = beta / workers)")
-        if self.alpha is not None:
-            require_float("alpha", self.alpha, minimum=0.0, maximum=1.0, min_exclusive=True)
-        if self.beta is not None:
-            require_float("beta", self.beta, minimum=0.0, maximum=1.0, min_exclusive=True)
+        super().__post_init__()
 
 
 class EAWild(ParameterServerAlgorithm):
     """Asynchronous EASGD: each worker's elastic exchange with the server's centre, every tau steps."""
 
     name = "eawild"
+    output_role = "centre"
     Params = EAWildParams
 
     def __init__(self, params: EAWildParams, ctx: AlgorithmContext):
         super().__init__(params, ctx)
-        if params.alpha is not None:
-            self.alpha = params.alpha
-        else:
-            self.alpha = (params.beta if params.beta is not None else DEFAULT_BETA) / len(self.workers)
+        self.alpha = params.moving_rate(len(self.workers))
 
     def messages_due(self, step: int) -> int:
         return step // self.params.tau + 1  # exchanges at steps 0, tau, 2 tau, ...
 
-    def server_apply(self, payload: torch.Tensor, want_reply: bool) -> Optional[torch.Tensor]:
+    def server_apply(self, payload: torch.Tensor, want_reply: bool, staleness: int) -> Optional[torch.Tensor]:
         seen = self.shard.clone()
         self.shard.add_(payload - seen, alpha=self.alpha)
         return seen

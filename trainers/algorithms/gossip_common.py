@@ -21,6 +21,7 @@ from torch import nn
 
 from trainers.algorithms.base import Algorithm, AlgorithmContext, flatten, unflatten_into
 from trainers.comm import PeerLost, Work
+from trainers.snapshots import OutputState
 
 Graph = list[set[int]]  # neighbours of each rank (undirected: j in graph[i] <=> i in graph[j])
 
@@ -154,6 +155,10 @@ class GossipAlgorithm(Algorithm):
             except PeerLost as lost:
                 received.pop(lost.rank, None)
         return received
+
+    def output_state(self) -> OutputState:
+        """Every rank's replica (no communication); their mean is the output model."""
+        return self.replica_state()
 
     def deployable_model(self) -> nn.Module:
         """The mean of all replicas (one all_reduce, traffic counted in the eval record)."""

@@ -23,18 +23,15 @@ ExchangeHook = Callable[[Comm, torch.Tensor], Work]
 
 
 def allreduce_hook(comm: Comm, flat: torch.Tensor) -> Work:
-    """Average ``flat`` over all ranks in place with one asynchronous all_reduce."""
-    return comm.all_reduce(flat, op="avg", async_op=True)
+    """Average ``flat`` over all ranks in place with one non-blocking all-reduce, by the comm's
+    configured algorithm (``comm.allreduce``: auto | ring | direct | recursive_doubling | gloo)."""
+    return comm.allreduce_async(flat, op="avg")
 
 
 def ring_allreduce_hook(comm: Comm, flat: torch.Tensor) -> Work:
-    """Average ``flat`` in place with :meth:`Comm.ring_all_reduce` (isend/irecv); blocks, then returns a done handle.
-
-    Fewer round trips than gloo's all_reduce on a WAN, but no overlap with backward.
-    """
-    comm.ring_all_reduce(flat, op="avg")
-    # The ring's own isend/irecv already accounted the blocked time.
-    return Work(comm, "all_reduce", lambda: flat, accounted=False)
+    """Average ``flat`` in place with the ring of :meth:`Comm.allreduce_async` (isend/irecv on a
+    background thread), whatever ``comm.allreduce`` says; overlaps with the caller's compute."""
+    return comm.allreduce_async(flat, op="avg", algorithm="ring")
 
 
 def fp16_compress_wrapper(hook: ExchangeHook) -> ExchangeHook:

@@ -16,6 +16,7 @@ from trainers.algorithms.base import Algorithm, AlgorithmContext, StepResult
 from trainers.algorithms.hooks import ExchangeHook, allreduce_hook
 from trainers.algorithms.sync import GradientBucketer
 from trainers.config import require_choice, require_float, require_int
+from trainers.snapshots import OutputState
 
 
 @dataclass
@@ -82,6 +83,10 @@ class LocalSGD(Algorithm):
     def average_model(self) -> None:
         """Replace the parameters by their mean over ranks (subclasses may exchange differently)."""
         self.average_tensors(list(self.model.parameters()), self.params.collective)
+
+    def output_state(self) -> OutputState:
+        """Every rank's replica (no communication); their mean is the output model."""
+        return self.replica_state()
 
     def deployable_model(self) -> nn.Module:
         """The mean of the replicas now (one all_reduce; replicas are equal right after averaging)."""

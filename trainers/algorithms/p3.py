@@ -291,7 +291,7 @@ class P3(Algorithm):
             grad = self.trainable[piece.param_index].grad.detach().reshape(-1)
             buffer = torch.cat([grad[piece.start : piece.stop], flags])
             current.sent.add(slice_id)
-        work = self.comm.all_reduce(buffer, op="sum", async_op=True)
+        work = self.comm.allreduce_async(buffer, op="sum")
         current.in_flight.append(_Op(n, slice_id, buffer, work))
         current.next_op += 1
 

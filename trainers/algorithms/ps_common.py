@@ -43,7 +43,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import ClassVar, Optional
 
 import torch
 from torch import nn
@@ -51,6 +51,7 @@ from torch import nn
 from trainers.algorithms.base import Algorithm, AlgorithmContext, StepResult, flatten, unflatten_into
 from trainers.comm import PeerLost, Work
 from trainers.config import ConfigError
+from trainers.snapshots import OutputState
 
 HEADER_FIELDS = 4  # step, base_version, want_reply, loss
 REPLY_FIELDS = 2  # version, staleness
@@ -95,6 +96,8 @@ class ParameterServerAlgorithm(Algorithm):
     :meth:`exchange`).
     """
 
+    output_role: ClassVar[str] = "server"  # the role of the servers' snapshots
+
     def __init__(self, params, ctx: AlgorithmContext):
         super().__init__(params, ctx)
         world = self.comm.world_size
@@ -124,9 +127,9 @@ class ParameterServerAlgorithm(Algorithm):
         """Messages each worker has sent to each server by the end of step ``step`` (0-based)."""
         raise NotImplementedError
 
-    def server_apply(self, payload: torch.Tensor, want_reply: bool) -> Optional[torch.Tensor]:
-        """Apply one worker's payload to ``self.shard``; return the reply (a tensor nobody else
-        modifies) if ``want_reply``."""
+    def server_apply(self, payload: torch.Tensor, want_reply: bool, staleness: int) -> Optional[torch.Tensor]:
+        """Apply one worker's payload to ``self.shard`` (``staleness``: server updates since the
+        worker's base version); return the reply (a tensor nobody else modifies) if ``want_reply``."""
         raise NotImplementedError
 
     # -- the interface the runner calls ---------------------------------------------------------
@@ -136,6 +139,20 @@ class ParameterServerAlgorithm(Algorithm):
         if self.is_server:
             start, stop = self.ranges[self.comm.rank]
             self.shard = flatten(self.trainable)[start:stop].clone()
+
+    def output_state(self) -> Optional[OutputState]:
+        """On a server: its range of the shared state, inside a copy of its model's state (the
+        evaluator joins the servers' ranges; buffers come from the lowest server rank). Workers: None."""
+        if not self.is_server:
+            return None
+        start, stop = self.ranges[self.comm.rank]
+        flat = flatten(self.trainable)
+        flat[start:stop] = self.shard
+        values = [torch.empty_like(p) for p in self.trainable]
+        unflatten_into(flat, values)
+        replaced = {id(p): v for p, v in zip(self.trainable, values)}
+        state = {name: replaced.get(id(t), t).detach() for name, t in self.model.state_dict(keep_vars=True).items()}
+        return OutputState(self.output_role, state, (start, stop))
 
     def deployable_model(self) -> nn.Module:
         """On rank 0: a copy of the model holding the servers' state (each server sends its range
@@ -192,7 +209,7 @@ class ParameterServerAlgorithm(Algorithm):
                 self._peer_lost(lost)  # a worker gone: stop waiting for it
                 continue
             age = self.server_state.version - int(base_version)
-            reply = self.server_apply(payload, bool(want_reply))
+            reply = self.server_apply(payload, bool(want_reply), age)
             self.server_state.version += 1
             self.server_state.handled[source] += 1
             if want_reply:

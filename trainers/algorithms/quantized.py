@@ -24,12 +24,13 @@ from typing import Any, Literal, Optional
 import torch
 from torch import nn
 
-from trainers.algorithms.base import Algorithm, AlgorithmContext, StepResult, _by_dtype, flatten, unflatten_into
+from trainers.algorithms.base import Algorithm, AlgorithmContext, StepResult, flatten, group_by_dtype, unflatten_into
 from trainers.algorithms.hooks import ExchangeHook, allreduce_hook, ring_allreduce_hook
 from trainers.algorithms.local_sgd import LocalSGD, LocalSGDParams
 from trainers.algorithms.sync import Sync, SyncParams
 from trainers.compression import COMPRESSORS, CompressedExchange, build_compressor, get_compressor
 from trainers.config import ConfigError, require_choice
+from trainers.snapshots import OutputState
 
 BASE_PARAMS = {"sync": SyncParams, "local_sgd": LocalSGDParams}
 _BASE_FIELDS = ("bucket_cap_mb", "broadcast_buffers", "H", "warmup_steps", "collective")
@@ -106,7 +107,7 @@ class _CompressedLocalSGD(LocalSGD):
     def __init__(self, params: LocalSGDParams, ctx: AlgorithmContext, hook: ExchangeHook):
         self.exchange_hook = hook
         super().__init__(params, ctx)
-        self._groups = [g for g in _by_dtype(self.model.parameters()) if g[0].is_floating_point()]
+        self._groups = [g for g in group_by_dtype(self.model.parameters()) if g[0].is_floating_point()]
         self._anchors: list[torch.Tensor] = []
         self._deltas: list[torch.Tensor] = []
 
@@ -151,6 +152,10 @@ class Quantized(Algorithm):
     def set_lr(self, lr: float) -> None:
         self.lr = lr
         self.inner.set_lr(lr)
+
+    def output_state(self) -> Optional[OutputState]:
+        """As the base: every replica over local_sgd, rank 0's over sync (replicas identical)."""
+        return self.inner.output_state()
 
     def deployable_model(self) -> nn.Module:
         return self.inner.deployable_model()

@@ -1,0 +1,351 @@
+"""The `wanbench` command: up, down, exec, verify, run, report, regress, status, clean.
+
+Input files are validated before anything privileged happens; a bad file is one line on stderr
+naming the file and field, exit code 2. A system problem (not root, no TUN, no netem) is one line
+saying how to fix it, exit code 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+from emulator import cgroups
+from emulator import clean as clean_mod
+from emulator.backends import REGISTRY, BackendUnavailable, choose_backend, read_state
+from emulator.netns import SystemCheckError, exec_argv
+from emulator.plan import Plan, make_plan, prefix
+from emulator.schema import ConfigError
+from emulator.units import UnitError, parse_rate_bit_s
+
+from .console import Interrupted, stderr_console, stdout_console, teardown_on_signals
+from .inputs import topology_of
+
+EXIT_BAD_INPUT = 2
+EXIT_SYSTEM = 3
+
+
+def backend_for(name: str, plan: Plan):
+    """The backend for `--backend NAME` built on `plan`; says why when `auto` chose."""
+    cls, reason = choose_backend(name)
+    if reason:
+        stderr_console().print(f"backend {reason}")
+    return cls(plan)
+
+
+def load_plan(args) -> Plan:
+    """Validate the file and the sweep options into a plan (no privileged step)."""
+    topology = topology_of(args.file)
+    rate = None
+    if getattr(args, "rate", None):
+        try:
+            rate = parse_rate_bit_s(args.rate)
+        except UnitError as exc:
+            raise ConfigError("", str(exc), source="--rate") from None
+    if args.delay_scale < 0:
+        raise ConfigError("", f"must be >= 0, got {args.delay_scale}", source="--delay-scale")
+    if args.delay_scale != 1.0 or rate is not None:
+        topology = topology.scaled(args.delay_scale, rate)
+    cpu_share = getattr(args, "cpu_share", None)
+    if cpu_share is not None and not 0 < cpu_share <= 1024:
+        raise ConfigError("", f"must be in (0, 1024] cores, got {cpu_share}", source="--cpu-share")
+    return make_plan(topology, cpu_share=cpu_share)
+
+
+def _print_plan(plan: Plan, backend: str) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"{plan.topology_name}: {len(plan.nodes)} nodes, backend {backend}")
+    for column in ("node", "address", "namespace"):
+        table.add_column(column)
+    for node in plan.nodes:
+        table.add_row(node.name, node.address, node.namespace)
+    stderr_console().print(table)
+
+
+def cmd_up(args) -> int:
+    plan = load_plan(args)
+    if args.dry_run:
+        from emulator.backends import tc
+
+        if args.backend not in ("tc", "auto"):
+            raise SystemExit(f"--dry-run prints the tc backend's script; got --backend {args.backend}")
+        sys.stdout.write(tc.script(plan))
+        return 0
+    existing = read_state(plan.prefix)
+    if existing is not None:
+        raise SystemCheckError(f"a network is already up under prefix {plan.prefix!r} "
+                               f"({existing[1].topology_name}); run 'wanbench down' first")
+    backend = backend_for(args.backend, plan)
+    with teardown_on_signals():
+        backend.up()
+        if plan.cpu_share is not None:
+            try:  # on the node's own groups, which the backend made and its down removes
+                for node in plan.nodes:
+                    cgroups.set_cpu_limit(cgroups.create(plan.prefix, node.name), plan.cpu_share)
+            except BaseException:
+                backend.down()
+                raise
+    _print_plan(plan, backend.name)
+    stderr_console().print("network is up; 'wanbench exec NODE -- CMD' runs inside a node; 'wanbench down' ends it")
+    return 0
+
+
+def cmd_down(args) -> int:
+    state = read_state(prefix())
+    if state is None:
+        stderr_console().print(f"no network is up under prefix {prefix()!r} (leftovers: 'wanbench clean')")
+        return 0
+    info, plan = state
+    REGISTRY[info["backend"]](plan).down()  # every process of the nodes, then their cgroups
+    stderr_console().print(f"{plan.topology_name}: down")
+    return 0
+
+
+def cmd_exec(args) -> int:
+    state = read_state(prefix())
+    if state is None:
+        raise SystemCheckError("no network is up: run 'wanbench up TOPOLOGY' first")
+    _, plan = state
+    try:
+        node = plan.node(args.node)
+    except KeyError as exc:
+        raise ConfigError("node", exc.args[0], source="exec") from None
+    argv = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not argv:
+        raise ConfigError("command", "give a command after the node name, e.g. -- ping tokyo-0", source="exec")
+    try:
+        inside = exec_argv(node, argv)  # joins the node's cgroups and namespaces, then runs argv
+    except RuntimeError as exc:
+        raise SystemCheckError(f"{exc} (leftovers: 'wanbench clean')") from None
+    os.execvp(inside[0], inside)  # replaces this process: exit code and signals pass through
+
+
+def _verify_table(rows: list[dict], title: str):
+    from rich.table import Table
+
+    def error(row, key):
+        return "-" if row.get(key) is None else f"{row[key]:+.3f}"
+
+    table = Table(title=title, caption="err: measured - spec - the prober's own base; dense: probes "
+                  "back to back, sparse: ping-like (the delay line sleeps between them); rate: TCP "
+                  "steady state (slow start omitted)")
+    for column in ("src", "dst", "RTT spec ms", "dense p50 ms", "p50 err", "p99 err",
+                   "sparse p50 err", "p99 err", "rate spec Mbit/s", "rate Mbit/s", "%", "cc"):
+        table.add_column(column, justify="right")
+    for r in rows:
+        rate = r["rate_mbit"]
+        table.add_row(r["src"], r["dst"], f"{r['rtt_spec_ms']:.2f}", f"{r['rtt_p50_ms']:.3f}",
+                      error(r, "rtt_p50_error_ms"), error(r, "rtt_p99_error_ms"),
+                      error(r, "rtt_sparse_p50_error_ms"), error(r, "rtt_sparse_p99_error_ms"),
+                      f"{r['rate_spec_mbit']:g}", "-" if rate is None else f"{rate:.1f}",
+                      "-" if rate is None else f"{100 * rate / r['rate_spec_mbit']:.1f}",
+                      r.get("congestion", "-"))
+    return table
+
+
+def cmd_verify(args) -> int:
+    from emulator.measure.verify import VerifyOptions, rate_warnings, verify
+
+    plan = load_plan(args)
+    try:
+        options = VerifyOptions(probes=args.probes, sparse_probes=args.sparse_probes,
+                                sparse_interval_ms=args.sparse_interval_ms,
+                                throughput=not args.no_throughput, duration_s=args.duration,
+                                omit_s=args.omit, congestion=args.congestion)
+    except ValueError as exc:
+        raise ConfigError("", str(exc), source="verify") from None
+    if read_state(plan.prefix) is not None:
+        raise SystemCheckError(f"a network is already up under prefix {plan.prefix!r}; 'wanbench down' first")
+    backend = backend_for(args.backend, plan)
+    console = stderr_console()
+    with teardown_on_signals():
+        backend.up()
+        try:
+            with console.status("measuring") as status:
+                rows = verify(plan, options, progress=lambda what: status.update(f"measuring {what}"))
+        finally:
+            backend.down()
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        stdout_console().print(_verify_table(rows, f"{plan.topology_name} on {backend.name}: spec vs measured"))
+    for line in rate_warnings(rows, options.min_rate_ratio):
+        console.print(f"[yellow]warning:[/] {line}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    from .results import summary_table
+    from .paths import RUNS_ROOT
+    from .run import run_scenario
+    from .scenario import load_scenario
+
+    scenario = load_scenario(args.file)  # every check before anything privileged
+    backend = args.backend or scenario.spec.backend
+    if read_state(prefix()) is not None:
+        raise SystemCheckError(f"a network is already up under prefix {prefix()!r}; 'wanbench down' first")
+    with teardown_on_signals():
+        completed = run_scenario(scenario, backend, Path(args.output) if args.output else RUNS_ROOT)
+    run_dir = completed.run_dir
+    stdout_console().print(summary_table(completed.summary, f"{scenario.name}: {run_dir}"))
+    from .report import write_report
+
+    outcome = write_report([run_dir], run_dir / "report", loaded={run_dir: completed.frames})
+    # the training-progress figure first: for a single run it is the one to look at
+    progress = sorted((f for f in outcome.figures if f.suffix == ".png"),
+                      key=lambda f: (not f.name.startswith("progress-"), f.name))
+    stderr_console().print(f"report: {outcome.markdown}; figures: {', '.join(str(f) for f in progress[:3])}"
+                     + (" ..." if len(progress) > 3 else ""))
+    return 0
+
+
+def cmd_status(args) -> int:
+    state = read_state(prefix())
+    if state is None:
+        print(f"no network is up under prefix {prefix()!r}")
+        return 0
+    info, plan = state
+    _print_plan(plan, info["backend"])
+    counters = REGISTRY[info["backend"]](plan).counters()
+    if counters:
+        print(json.dumps(counters, indent=1))
+    return 0
+
+
+def cmd_clean(args) -> int:
+    removed = clean_mod.clean(prefix())
+    stderr_console().print(f"clean: removed {len(removed)} object(s)" + (": " + ", ".join(removed) if removed else ""))
+    return 0
+
+
+def cmd_report(args) -> int:
+    import pandas as pd
+
+    from .report import default_out_dir, incomplete_message, write_report
+    from .results import summary_table
+
+    outcome = write_report(args.run_dirs, Path(args.out) if args.out else default_out_dir(args.run_dirs))
+    out = stdout_console()
+    combined = pd.read_csv(outcome.combined_csv)
+    for run_name, rows in combined.groupby("run", sort=False):
+        out.print(summary_table(rows, run_name))
+    console = stderr_console()
+    for run in outcome.incomplete:
+        console.print(f"[bold red]{incomplete_message(run)}[/]")
+    for name, why in outcome.skipped_figures.items():
+        console.print(f"report: {name} not drawn: {why}")
+    console.print(f"report: {outcome.markdown} ({len(outcome.figures)} figure files, {outcome.combined_csv})")
+    return 0
+
+
+def cmd_regress(args) -> int:
+    from .regress import BASELINES, CI_SCENARIOS, regress
+
+    if read_state(prefix()) is not None:
+        raise SystemCheckError(f"a network is already up under prefix {prefix()!r}; 'wanbench down' first")
+    with teardown_on_signals():
+        return regress(Path(args.scenarios) if args.scenarios else CI_SCENARIOS,
+                       Path(args.baselines) if args.baselines else BASELINES, backend=args.backend,
+                       runs_root=Path(args.output) if args.output else None,
+                       update_baselines=args.update_baselines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="wanbench", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+    backends = ["auto", "tun", "tc", "mininet"]
+
+    def network_args(p):
+        p.add_argument("file", help="topology file (or a scenario file naming one)")
+        p.add_argument("--backend", choices=backends, default="auto",
+                       help="auto: tc where the kernel has sch_netem, else tun (default)")
+        p.add_argument("--delay-scale", type=float, default=1.0, metavar="K",
+                       help="multiply every inter-region delay by K (a sweep point)")
+        p.add_argument("--rate", metavar="RATE", help='set every inter-region rate, e.g. "100Mbit"')
+
+    p = sub.add_parser("up", help="build the emulated WAN and return to the shell")
+    network_args(p)
+    p.add_argument("--cpu-share", type=float, metavar="CORES",
+                   help="limit what each node runs (wanbench exec) to this many cores (cgroup cpu quota)")
+    p.add_argument("--dry-run", action="store_true", help="print the tc backend's script; change nothing")
+    p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser("down", help="tear down what `up` built")
+    p.set_defaults(func=cmd_down)
+
+    p = sub.add_parser("exec", help="run a command inside a node: wanbench exec london-0 -- ping tokyo-0")
+    p.add_argument("node")
+    p.add_argument("command", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_exec)
+
+    p = sub.add_parser("verify", help="build, measure every pair (RTT, TCP rate), print spec vs measured, tear down")
+    network_args(p)
+    p.add_argument("--json", action="store_true", help="print one JSON array instead of a table")
+    p.add_argument("--probes", type=int, default=200, help="dense RTT probes per pair, 5 ms apart (default 200)")
+    p.add_argument("--sparse-probes", type=int, default=25,
+                   help="sparse (ping-like) RTT probes per pair, all pairs at once (default 25; 0: none)")
+    p.add_argument("--sparse-interval-ms", type=float, default=200.0,
+                   help="time between sparse probes (default 200 ms: 5 Hz)")
+    p.add_argument("--duration", type=float, default=5.0,
+                   help="iperf3 measured seconds per pair, at least (default 5; 25 RTTs if longer)")
+    p.add_argument("--omit", type=float, default=None,
+                   help="iperf3 seconds omitted for slow start (default: 20 RTTs, at least 1)")
+    p.add_argument("--congestion", default=None,
+                   help="TCP congestion control for iperf3 -C (default: the namespace's, reported)")
+    p.add_argument("--no-throughput", action="store_true", help="RTT only")
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("run", help="run a scenario: build, verify, train every algorithm, compare, tear down")
+    p.add_argument("file", help="scenario file (scenarios/*.yaml)")
+    p.add_argument("--backend", choices=backends, default=None, help="overrides the scenario's backend")
+    p.add_argument("--output", help="runs folder (default results/runs)")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("report", help="summary tables (markdown, CSV) and figures (PNG, SVG) of run directories")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="results/runs/<scenario>/<run-id>")
+    p.add_argument("--out", metavar="DIR", help="output folder (default RUN_DIR/report for one run, "
+                                                "else results/reports/<time>)")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("regress", help="run scenarios/ci/*.yaml and compare with results/baselines/ (exit 1 on regression)")
+    p.add_argument("--scenarios", metavar="DIR", help="scenario folder (default scenarios/ci)")
+    p.add_argument("--baselines", metavar="DIR", help="baseline folder with tolerances.yaml (default results/baselines)")
+    p.add_argument("--backend", choices=backends, default=None, help="overrides each scenario's backend")
+    p.add_argument("--output", help="runs folder (default results/runs)")
+    p.add_argument("--update-baselines", action="store_true", help="write each run's summary as the new baseline")
+    p.set_defaults(func=cmd_regress)
+
+    p = sub.add_parser("status", help="what is up, with the backend's counters")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("clean", help="remove anything with our prefix that a crash left behind")
+    p.set_defaults(func=cmd_clean)
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args) or 0
+    except ConfigError as exc:
+        print(f"wanbench: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except (SystemCheckError, BackendUnavailable) as exc:
+        print(f"wanbench: {exc}", file=sys.stderr)
+        return EXIT_SYSTEM
+    except (Interrupted, KeyboardInterrupt) as exc:
+        print(f"wanbench: interrupted ({exc or 'SIGINT'}); torn down", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

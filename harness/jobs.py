@@ -1,0 +1,501 @@
+"""One job's processes: one rank per node, started in the node, watched, crashed and restarted.
+
+`JobProcesses` owns the ranks of a job (spawn, crash, restart, CPU throttling, exit codes, the
+crash-tolerance policy); the fault timeline drives it through `crash`, `restart` and
+`set_cpu_factor`. `run_job` starts a job, applies its faults, watches it with three watchdogs and
+writes `job.json`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from emulator import cgroups
+from emulator.files import write_json_atomic
+from emulator.measure.counters import pair_deltas, traffic_by_node
+from emulator.netns import exec_argv, interface_of
+from emulator.plan import Plan
+from emulator.processes import stop as stop_processes
+
+from .faults import FaultTimeline, LinkControl
+from trainers.stop import stop_step_from_records, write_stop
+
+from .paths import PROJECT_ROOT
+from .scenario import Job
+
+# How long the other ranks may outlive a failed one before we end them.
+FAILED_RANK_GRACE_S = 10.0
+# How often the watch loop looks at the ranks, their records and the fault timeline.
+WATCH_INTERVAL_S = 0.25
+# The evaluator finishes the snapshots left when the ranks end within this long (else it is ended).
+EVALUATOR_FINISH_TIMEOUT_S = 600.0
+# Created when the ranks have ended: the following evaluator then evaluates what is left and exits.
+RANKS_DONE_FILE = "RANKS_DONE"
+
+
+@dataclasses.dataclass
+class JobOutcome:
+    job_id: str
+    status: str            # ok | failed | stalled | timeout | interrupted
+    wall_s: float
+    reason: str = ""
+
+
+class JobProcesses:
+    """The ranks of one job: one process per node, in the node's namespace (and cgroup).
+
+    Args:
+        plan: the network the job runs on; rank r runs on plan.nodes[r].
+        job: what every rank runs (the trainers with `job.trainer_config`, or `job.command`).
+        job_dir: where config.json, rank<N>.log and the ranks' records go.
+        master_port: rank 0's rendezvous port (MASTER_PORT).
+        cpu_share: cores per node (cgroup CPU quota), or None for no limit.
+        throttled: create per-node cgroups even without a CPU limit (stragglers need them).
+    """
+
+    def __init__(self, plan: Plan, job: Job, job_dir: Path, master_port: int,
+                 cpu_share: Optional[float] = None, throttled: bool = False):
+        from trainers.loading import uses_elastic_comm  # here, not at the top: it imports torch
+
+        self.plan = plan
+        self.job = job
+        self.job_dir = job_dir
+        self.master_port = master_port
+        self.cpu_share = cpu_share
+        self.world = len(plan.nodes)
+        self.procs: list[Optional[subprocess.Popen]] = [None] * self.world
+        self.crashed_at: dict[int, float] = {}   # rank -> when we killed it on purpose (s after start)
+        self.restarts: dict[int, int] = {}       # rank -> how often it was restarted
+        self.restart_pending: set[int] = set()   # ranks a fault will restart later
+        self._killed_pids: set[int] = set()      # processes we killed on purpose
+        self._logs: list = []
+        self._groups: dict[str, Path] = {}
+        self._oom_kills_before: dict[str, int] = {}
+        self._throttled = throttled or cpu_share is not None
+        self.started_at: Optional[float] = None
+        # A crash-tolerant job (comm backend tcp) goes on without a crashed rank and takes it back.
+        self.tolerant = job.command is None and uses_elastic_comm(job.trainer_config)
+
+    # Life cycle --------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Write the trainer config, make the nodes' cgroups and start every rank."""
+        self.job_dir.mkdir(parents=True, exist_ok=True)
+        if self.job.command is None:
+            write_json_atomic(self.job_dir / "config.json",
+                              {**self.job.trainer_config, "output_dir": str(self.job_dir)})
+        # The kernel's OOM kills so far in each node's memory group (it lives as long as the network)
+        self._oom_kills_before = {node.name: cgroups.oom_kills(self.plan.prefix, node.name)
+                                  for node in self.plan.nodes}
+        if self._throttled:
+            for node in self.plan.nodes:
+                self._groups[node.name] = cgroups.create(self.plan.prefix, node.name)
+                cgroups.set_cpu_limit(self._groups[node.name], self.cpu_share)
+        self.started_at = time.monotonic()
+        for node in self.plan.nodes:
+            self._spawn(node)
+
+    def elapsed_s(self) -> float:
+        return 0.0 if self.started_at is None else time.monotonic() - self.started_at
+
+    def stop(self) -> None:
+        """End every rank still running (SIGTERM, then SIGKILL)."""
+        stop_processes(self.procs)
+
+    def close(self) -> None:
+        """Close the logs and lift the CPU limits (the ranks must be gone).
+
+        The groups belong to the nodes (on v2 the node's holder lives in the same group); the
+        network's down removes them.
+        """
+        for log in self._logs:
+            log.close()
+        self._logs.clear()
+        for group in self._groups.values():
+            cgroups.set_cpu_limit(group, None)
+        self._groups.clear()
+
+    # What the fault timeline drives ---------------------------------------------------------
+    def crash(self, node_name: str) -> str:
+        """SIGKILL the node's rank (an injected node_crash)."""
+        rank = self.plan.node(node_name).rank
+        proc = self.procs[rank]
+        proc.kill()
+        self._killed_pids.add(proc.pid)
+        self.crashed_at[rank] = self.elapsed_s()
+        return f"rank {rank} (pid {proc.pid}) killed"
+
+    def restart(self, node_name: str) -> str:
+        """Start the node's rank again, as torchrun would (TORCHELASTIC_RESTART_COUNT), if the job
+        can take it back."""
+        node = self.plan.node(node_name)
+        self.restart_pending.discard(node.rank)
+        if self.procs[node.rank].poll() is None:
+            return f"rank {node.rank} still running; not restarted"
+        if self.job.command is None and not self.tolerant:
+            # Policy: a rank of an algorithm built on collectives cannot rejoin; its job fails.
+            return (f"not restarted: {self.job.trainer_config['algorithm']['name']} needs every rank in "
+                    "every collective and cannot take a rank back (the job fails)")
+        self.restarts[node.rank] = self.restarts.get(node.rank, 0) + 1
+        self._spawn(node, restarts=self.restarts[node.rank])
+        return f"rank {node.rank} restarted as pid {self.procs[node.rank].pid}"
+
+    def set_cpu_factor(self, node_name: str, factor: float) -> str:
+        """Divide the node's CPU limit by `factor` (a straggler); 1 restores it."""
+        cores = (self.cpu_share or 1.0) / factor if factor != 1.0 else self.cpu_share
+        cgroups.set_cpu_limit(self._groups[node_name], cores)
+        return "cpu unlimited" if cores is None else f"cpu limit {cores:.3g} cores"
+
+    # Exit codes and the crash-tolerance policy ----------------------------------------------
+    def exit_codes(self) -> list[Optional[int]]:
+        return [proc.poll() for proc in self.procs]
+
+    def tolerated(self, rank: int, code: Optional[int]) -> bool:
+        """An exit that does not fail the job: clean, or our own kill in a crash-tolerant job."""
+        return code == 0 or (self.tolerant and self.procs[rank].pid in self._killed_pids)
+
+    def exit_reason(self, rank: int, code: int) -> str:
+        text = f"rank {rank} exited {code}"
+        if rank in self.crashed_at:
+            text += f" (injected node_crash at {self.crashed_at[rank]:.1f} s)"
+        node = self.plan.nodes[rank]
+        if cgroups.oom_kills(self.plan.prefix, node.name) > self._oom_kills_before.get(node.name, 0):
+            limit = (f"over its memory limit of {self.plan.memory_bytes / 1e6:g} MB" if self.plan.memory_bytes
+                     else "the machine ran out of memory")
+            text += f" (killed by the kernel's OOM killer: node {node.name} {limit})"
+        return text
+
+    def failing_ranks(self) -> list[int]:
+        """Ranks that exited in a way that fails the job and that no fault will restart."""
+        return [rank for rank, code in enumerate(self.exit_codes())
+                if code is not None and not self.tolerated(rank, code) and rank not in self.restart_pending]
+
+    def finished_outcome(self) -> Optional[JobOutcome]:
+        """The outcome once every rank has exited (and no restart is due), else None."""
+        codes = self.exit_codes()
+        if any(code is None for code in codes) or self.restart_pending:
+            return None
+        bad = [(rank, code) for rank, code in enumerate(codes) if not self.tolerated(rank, code)]
+        reason = "; ".join(self.exit_reason(rank, code) for rank, code in bad)
+        if not bad and self.crashed_at:
+            reason = "crash tolerated: " + "; ".join(
+                f"rank {rank} killed at {t:.1f} s (injected)"
+                + (f", restarted {self.restarts[rank]}x" if rank in self.restarts else "")
+                for rank, t in sorted(self.crashed_at.items()))
+        return JobOutcome(self.job.job_id, "failed" if bad else "ok", self.elapsed_s(), reason)
+
+    def failure_reasons(self) -> list[str]:
+        """Why the job failed: every bad exit, and crashes whose rank was restarted meanwhile."""
+        codes = self.exit_codes()
+        reasons = [self.exit_reason(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
+        reasons += [f"rank {rank} killed by the injected node_crash at {t:.1f} s"
+                    for rank, t in sorted(self.crashed_at.items()) if codes[rank] is None]
+        return reasons
+
+    # Internals ------------------------------------------------------------------------------
+    def _environment(self, node, restarts: int) -> dict:
+        master = self.plan.nodes[0]
+        ifname = interface_of(node)
+        return {**os.environ, "GLOO_SOCKET_IFNAME": ifname, "NCCL_SOCKET_IFNAME": ifname,
+                "TP_SOCKET_IFNAME": ifname, "RANK": str(node.rank), "WORLD_SIZE": str(self.world),
+                "LOCAL_RANK": "0", "MASTER_ADDR": master.address, "MASTER_PORT": str(self.master_port),
+                "WANBENCH_NODE": node.name, "WANBENCH_OUTPUT_DIR": str(self.job_dir),
+                # torchrun's variable: a crash-tolerant trainer (or a user's script) rejoins
+                # instead of starting afresh
+                "TORCHELASTIC_RESTART_COUNT": str(restarts),
+                # one intra-op thread per node unless the user says otherwise: N nodes share the
+                # machine's cores, and torch's default (all cores each) oversubscribes them
+                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS",
+                                                  str(max(1, (os.cpu_count() or 1) // self.world))),
+                "PYTHONPATH": str(PROJECT_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+    def _argv(self) -> list[str]:
+        if self.job.command is not None:
+            return list(self.job.command)
+        return [sys.executable, "-m", "trainers", str(self.job_dir / "config.json")]
+
+    def _spawn(self, node, restarts: int = 0) -> None:
+        log = open(self.job_dir / f"rank{node.rank}.log", "a")
+        self._logs.append(log)
+        hook = cgroups.join_hook(self._groups[node.name]) if self._groups else None
+        # start_new_session: a Ctrl-C in the terminal reaches us, and we end the ranks in order.
+        # share: the job folder is visible in the node even under the host's /tmp (the node's is its own)
+        self.procs[node.rank] = subprocess.Popen(exec_argv(node, self._argv(), share=[self.job_dir]),
+                                                 env=self._environment(node, restarts),
+                                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                                 preexec_fn=hook)
+
+
+class Evaluator:
+    """The job's evaluator (`python -m trainers.evaluate`): outside the emulated network (a host
+    process, no namespace), at low priority (it nices itself to 19, one thread). It reads the
+    snapshots the ranks write and appends the output model's accuracy to eval.jsonl; no evaluation
+    byte crosses the WAN and no evaluation second is on the ranks' training clock.
+
+    `follow`: evaluate while the job runs (the stop rule needs accuracy as it comes); otherwise all
+    at once after the job.
+    """
+
+    def __init__(self, job_dir: Path, follow: bool):
+        self.job_dir = job_dir
+        self.follow = follow
+        self.proc: Optional[subprocess.Popen] = None
+        self._log = None
+
+    def _argv(self) -> list[str]:
+        argv = [sys.executable, "-m", "trainers.evaluate", str(self.job_dir)]
+        if self.follow:
+            argv += ["--follow", "--until-file", str(self.job_dir / RANKS_DONE_FILE)]
+        return argv
+
+    def start(self) -> None:
+        self._log = open(self.job_dir / "evaluator.log", "a")
+        env = {**os.environ, "OMP_NUM_THREADS": "1",
+               "PYTHONPATH": str(PROJECT_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        self.proc = subprocess.Popen(self._argv(), env=env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+    def finish(self, timeout_s: float = EVALUATOR_FINISH_TIMEOUT_S) -> Optional[int]:
+        """Once the ranks have ended: let the evaluator evaluate what is left (starting it now if it
+        does not follow); returns its exit code (None if it had to be ended)."""
+        (self.job_dir / RANKS_DONE_FILE).touch()
+        if self.proc is None:
+            self.start()
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            stop_processes([self.proc])
+            return None
+        finally:
+            self.close()
+
+    def stop(self) -> None:
+        stop_processes([self.proc])
+        self.close()
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+class StopDecider:
+    """The harness's decision to end a job early: once the evaluator's records show
+    `target_accuracy` reached, and the budgets the scenario states passed (so that accuracy at
+    equal budgets is known), write the STOP file the ranks poll (trainers.stop) with a stop step
+    no rank has passed yet. A file in the job folder, not the emulated network, carries it."""
+
+    def __init__(self, job_dir: Path, target_accuracy: Optional[float], budget_steps: Optional[int] = None,
+                 budget_time_s: Optional[float] = None):
+        self.job_dir = job_dir
+        self.target_accuracy = target_accuracy
+        self.budget_steps = budget_steps
+        self.budget_time_s = budget_time_s
+        self.decision: Optional[dict] = None
+        self._offset = 0
+        self._reached = False
+
+    @property
+    def active(self) -> bool:
+        return self.target_accuracy is not None
+
+    def _new_evals(self) -> list[dict]:
+        from trainers.evaluate import EVAL_FILE  # (imports torch: not at the harness's start-up)
+
+        try:
+            with open(self.job_dir / EVAL_FILE, "rb") as handle:
+                handle.seek(self._offset)
+                data = handle.read()
+        except OSError:
+            return []
+        complete = data[:data.rfind(b"\n") + 1]  # a line still being written waits for the next look
+        self._offset += len(complete)
+        return [json.loads(line) for line in complete.splitlines() if line.strip()]
+
+    def poll(self, elapsed_s: float) -> Optional[dict]:
+        """The decision once taken (and the STOP file written), else None."""
+        if not self.active or self.decision is not None:
+            return self.decision
+        for record in self._new_evals():
+            if record.get("accuracy") is None:
+                continue
+            self._reached = self._reached or record["accuracy"] >= self.target_accuracy
+            steps_done = record.get("step", -1) + 1
+            if (self._reached
+                    and (self.budget_steps is None or steps_done >= self.budget_steps)
+                    and (self.budget_time_s is None or record.get("train_time_s", 0.0) >= self.budget_time_s)):
+                request = write_stop(self.job_dir, stop_step_from_records(self.job_dir), "target_accuracy")
+                self.decision = {"reason": request.reason, "stop_step": request.stop_step,
+                                 "decided_at_s": round(elapsed_s, 3), "eval_step": record.get("step"),
+                                 "eval_accuracy": record["accuracy"]}
+                break
+        return self.decision
+
+
+def last_records(path: Path, kinds=("step", "eval")) -> dict:
+    """The latest record of each kind in a JSONL file (read from its tail)."""
+    found: dict = {}
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - 16384))
+            lines = handle.read().splitlines()
+    except OSError:
+        return found
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        kind = record.get("kind")
+        if kind in kinds and kind not in found:
+            found[kind] = record
+        if len(found) == len(kinds):
+            break
+    return found
+
+
+def _progress_marks(job_dir: Path, world: int) -> list[int]:
+    """Size of each rank's record file: it grows with every step a rank takes."""
+    marks = []
+    for rank in range(world):
+        try:
+            marks.append((job_dir / f"rank{rank}.jsonl").stat().st_size)
+        except OSError:
+            marks.append(0)
+    return marks
+
+
+def _has_step(path: Path) -> bool:
+    try:
+        return b'"kind": "step"' in path.read_bytes()
+    except OSError:
+        return False
+
+
+def run_job(plan: Plan, job: Job, job_dir: Path, master_port: int, timeout_s: float,
+            on_tick=None, stall_timeout_s: Optional[float] = None, network: Optional[LinkControl] = None,
+            faults: Sequence = (), cpu_share: Optional[float] = None, stop=None) -> JobOutcome:
+    """Run one job: one process per node, torchrun-style env, faults injected on a timeline, the
+    evaluator outside the network, the stop rule applied.
+
+    Watchdogs: the whole job is bounded by `timeout_s`; once training has started, a job in which
+    no rank writes a record for `stall_timeout_s` is ended as "stalled" (a dead or stuck rank
+    blocks the others' collectives, so nobody writes); a rank that exits non-zero ends the others
+    after FAILED_RANK_GRACE_S. Records written so far are kept in every case. `network` (the
+    backend) takes the link faults, gets the topology's links back at the end, and counts the
+    job's wire bytes. `stop` (the scenario's stop rule): target accuracy and the budgets to pass
+    before stopping at it.
+    """
+    ranks = JobProcesses(plan, job, job_dir, master_port, cpu_share,
+                         throttled=any(e.kind == "straggler" for e in faults))
+    timeline = None
+    if faults:
+        if network is None and any(e.kind not in ("node_crash", "straggler") for e in faults):
+            raise ValueError("link faults need the network (backend) to change links on")
+        timeline = FaultTimeline(faults, dict(plan.region_links), network, ranks, job_dir / "faults.jsonl")
+        ranks.restart_pending = {plan.node(e.node).rank for e in faults
+                                 if e.kind == "node_crash" and e.restart_after is not None}
+    decider = StopDecider(job_dir, getattr(stop, "target_accuracy", None) if job.command is None else None,
+                          getattr(stop, "budget_steps", None), getattr(stop, "budget_time_s", None))
+    evaluator = Evaluator(job_dir, follow=decider.active) if job.command is None else None
+    outcome: Optional[JobOutcome] = None
+    counters_before = _counters(network)
+    try:
+        ranks.start()
+        if evaluator is not None and evaluator.follow:
+            evaluator.start()
+        outcome = _watch(ranks, timeline, timeout_s, stall_timeout_s, on_tick, decider)
+        _write_wire_traffic(job_dir, plan, counters_before, _counters(network))
+        if evaluator is not None:
+            evaluator.finish()
+    except BaseException:
+        ranks.stop()
+        if evaluator is not None:
+            evaluator.stop()
+        outcome = JobOutcome(job.job_id, "interrupted", ranks.elapsed_s(), "interrupted")
+        raise
+    finally:
+        ranks.close()
+        if network is not None and timeline is not None:
+            for (src, dst), spec in plan.region_links.items():
+                if timeline.current.get((src, dst)) != spec:
+                    network.set_link(src, dst, spec)  # the next job starts on the topology's links
+        if outcome is not None:
+            write_json_atomic(job_dir / "job.json", {**dataclasses.asdict(outcome), "label": job.label,
+                                                     "algorithm": job.algorithm, "seed": job.seed,
+                                                     "network": dataclasses.asdict(job.network),
+                                                     "network_key": job.network.key,
+                                                     "params": job.params, "nodes": ranks.world,
+                                                     "base_label": job.base_label or job.label,
+                                                     "tuned": job.tuned, "stop_decision": decider.decision})
+    return outcome
+
+
+def _counters(network) -> Optional[list[dict]]:
+    """A fresh reading of the backend's per-pair counters, or None where it keeps none."""
+    if network is None or not hasattr(network, "counters"):
+        return None
+    try:
+        return network.counters(fresh=True) or None
+    except (OSError, RuntimeError):
+        return None
+
+
+def _write_wire_traffic(job_dir: Path, plan: Plan, before: Optional[list[dict]], after: Optional[list[dict]]) -> None:
+    """wire.json: what each node (with its rank) sent over the emulated WAN during the job, from
+    the backend's counters."""
+    if before is None or after is None:
+        return
+    nodes = traffic_by_node(before, after)
+    for name, traffic in nodes.items():
+        traffic["rank"] = plan.node(name).rank
+    write_json_atomic(job_dir / "wire.json", {"source": "backend counters", "nodes": nodes,
+                                              "pairs": pair_deltas(before, after)})
+
+
+def _watch(ranks: JobProcesses, timeline: Optional[FaultTimeline], timeout_s: float,
+           stall_timeout_s: Optional[float], on_tick, decider: Optional[StopDecider] = None) -> JobOutcome:
+    """Apply due faults and watch the ranks until they end or a watchdog ends them."""
+    job_dir, world, job_id = ranks.job_dir, ranks.world, ranks.job.job_id
+    failed_at: Optional[float] = None
+    marks = _progress_marks(job_dir, world)
+    last_progress = time.monotonic()
+    armed = False  # the stall watchdog starts once every rank took a step (start-up is slow)
+    while True:
+        if timeline is not None:
+            timeline.poll(ranks.elapsed_s())
+        if decider is not None:
+            decider.poll(ranks.elapsed_s())
+        finished = ranks.finished_outcome()
+        if finished is not None:
+            return finished
+        if failed_at is None and ranks.failing_ranks():
+            failed_at = time.monotonic()
+        if failed_at is not None and time.monotonic() - failed_at > FAILED_RANK_GRACE_S:
+            reasons = ranks.failure_reasons()
+            ranks.stop()
+            return JobOutcome(job_id, "failed", ranks.elapsed_s(), "; ".join(reasons) + "; the other ranks were ended")
+        now_marks = _progress_marks(job_dir, world)
+        if now_marks != marks:
+            marks, last_progress = now_marks, time.monotonic()
+            if stall_timeout_s is not None and not armed:
+                armed = all(_has_step(job_dir / f"rank{rank}.jsonl") for rank in range(world))
+        elif armed and time.monotonic() - last_progress > stall_timeout_s:
+            ranks.stop()
+            return JobOutcome(job_id, "stalled", ranks.elapsed_s(), f"no rank wrote a record for {stall_timeout_s:.0f} s")
+        if ranks.elapsed_s() > timeout_s:
+            ranks.stop()
+            return JobOutcome(job_id, "timeout", ranks.elapsed_s(), f"no end after {timeout_s:.0f} s")
+        if on_tick:
+            records = last_records(job_dir / "rank0.jsonl", kinds=("step",))
+            records.update(last_records(job_dir / "eval.jsonl", kinds=("eval",)))
+            on_tick(records, ranks.elapsed_s())
+        time.sleep(WATCH_INTERVAL_S)

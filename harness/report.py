@@ -1,0 +1,467 @@
+"""`wanbench report RUN_DIR...`: summary tables as CSV and markdown, figures as PNG and SVG.
+
+Reads run directories (see harness/run.py for the layout) with the same functions as the
+notebooks: `load_results` gives the combined frames, `harness.plots` draws them, and
+`write_report` is the only place that writes files. A run without its `COMPLETE` file is flagged
+in every output and left out of the comparison figures (its curves are drawn, titled INCOMPLETE).
+Fault events (`harness.results.load_faults`) get their own section, `faults.csv`, and dashed
+marks on the training curves.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Optional
+
+import pandas as pd
+
+from emulator.schema import ConfigError
+
+from . import plots
+from .paths import REPORTS_ROOT
+from .results import (BYTE_COLUMNS, FAULT_COLUMNS, HEADLINE_COLUMNS, SUMMARY_COLUMNS, format_bytes,
+                      injection_failed, load_run, summarize)
+
+# Per run, at most this many loss/accuracy figures (one per network point); the rest are listed.
+MAX_PROGRESS_FIGURES_PER_RUN = 12
+FIGURE_FORMATS = ("png", "svg")
+# Columns of faults.csv (every row of Results.faults).
+FAULT_CSV_COLUMNS = ["run", "run_complete", *FAULT_COLUMNS]
+# In report.md, one job's ok trace rows of a link beyond this many are shown as one line.
+TRACE_ROWS_LISTED = 3
+
+
+@dataclass
+class RunInfo:
+    path: Path
+    name: str                 # "<scenario>/<run-id>", what tables call it
+    complete: bool
+    target_accuracy: Optional[float]
+    environment: dict = field(default_factory=dict)
+    interrupted: str = ""     # the INTERRUPTED file's reason, when a signal or an error ended the run
+
+
+@dataclass
+class Results:
+    """Every run's frames, concatenated, with `run` and `run_complete` columns."""
+
+    runs: list[RunInfo]
+    summary: pd.DataFrame
+    steps: pd.DataFrame
+    evals: pd.DataFrame
+    faults: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=FAULT_CSV_COLUMNS))
+
+    @property
+    def incomplete(self) -> list[RunInfo]:
+        return [run for run in self.runs if not run.complete]
+
+    def comparable(self) -> pd.DataFrame:
+        """Summary rows fit for the comparison figures: complete runs, jobs that ended ok."""
+        if not len(self.summary):
+            return self.summary
+        return self.summary[self.summary["run_complete"] & (self.summary["status"] == "ok")]
+
+
+def check_run_dir(path) -> Path:
+    """`path` as a run directory, or ConfigError naming it (the CLI prints one line, exit 2)."""
+    run_dir = Path(path)
+    if not run_dir.exists():
+        raise ConfigError("", "no such run directory", source=str(path))
+    if not run_dir.is_dir():
+        raise ConfigError("", "not a run directory (a file); give results/runs/<scenario>/<run-id>", source=str(path))
+    if not (run_dir / "scenario.json").is_file():
+        raise ConfigError("", "not a run directory (no scenario.json); "
+                                         "give results/runs/<scenario>/<run-id>", source=str(path))
+    try:
+        json.loads((run_dir / "scenario.json").read_text())
+    except ValueError as exc:
+        raise ConfigError("scenario.json", f"not valid JSON ({exc})", source=str(path)) from None
+    return run_dir
+
+
+def find_run_dirs(path) -> list[Path]:
+    """`path` itself if it is a run directory, else every run directory below it (sorted)."""
+    root = Path(path)
+    if (root / "scenario.json").is_file():
+        return [root]
+    return sorted(p.parent for p in root.rglob("scenario.json"))
+
+
+def network_axes(run_dir) -> pd.DataFrame:
+    """Per network point of a run: mean inter-region RTT (ms) and mean inter-region rate (bit/s),
+    from the plan saved with it (so a topology's own, unswept rate still has a number)."""
+    rows = []
+    for plan_path in sorted(Path(run_dir).glob("*/plan.json")):
+        try:
+            links = json.loads(plan_path.read_text()).get("region_links", [])
+        except ValueError:
+            continue
+        one_way = {(l["src"], l["dst"]): l for l in links if l.get("src") != l.get("dst")}
+        rtts = [spec["one_way_delay_ms"] + one_way[(dst, src)]["one_way_delay_ms"]
+                for (src, dst), spec in one_way.items() if (dst, src) in one_way]
+        rates = [spec["rate_bit_s"] for spec in one_way.values() if spec.get("rate_bit_s")]
+        # a parameter server's extra node ("-ps1") is built apart but compared at the same point
+        rows.append({"network": re.sub(r"-ps\d+$", "", plan_path.parent.name),
+                     "mean_rtt_ms": sum(rtts) / len(rtts) if rtts else None,
+                     "rate_bit_s": sum(rates) / len(rates) if rates else None})
+    return pd.DataFrame(rows, columns=["network", "mean_rtt_ms", "rate_bit_s"]).drop_duplicates("network")
+
+
+def _run_name(run_dir: Path) -> str:
+    return f"{run_dir.parent.name}/{run_dir.name}"
+
+
+def load_results(run_dirs: Iterable, loaded: Optional[dict] = None) -> Results:
+    """Load and summarize every run directory (ConfigError for one that is not a run directory).
+
+    `loaded` maps a run directory to its already loaded `RunFrames` (`wanbench run` has just read
+    them), so that its records are not read again.
+    """
+    loaded = {Path(k).resolve(): v for k, v in (loaded or {}).items()}
+    runs, summaries, steps, evals, faults = [], [], [], [], []
+    seen: dict = {}
+    for path in run_dirs:
+        run_dir = check_run_dir(path)
+        name = _run_name(run_dir.resolve())
+        if name in seen:  # the same run given twice, or two folders with equal names
+            seen[name] += 1
+            name = f"{name}#{seen[name]}"
+        else:
+            seen[name] = 1
+        frames = loaded.get(run_dir.resolve()) or load_run(run_dir)
+        environment_path = run_dir / "environment.json"
+        try:
+            environment = json.loads(environment_path.read_text()) if environment_path.is_file() else {}
+        except ValueError:
+            environment = {}
+        interrupted = ""
+        if (run_dir / "INTERRUPTED").is_file():
+            interrupted = (run_dir / "INTERRUPTED").read_text(errors="replace").strip().splitlines()[:1]
+            interrupted = interrupted[0] if interrupted else "no reason recorded"
+        runs.append(RunInfo(run_dir, name, frames.complete, frames.target_accuracy, environment, interrupted))
+        summary = summarize(frames)
+        axes = network_axes(run_dir)
+        summary = summary.merge(axes, on="network", how="left") if len(axes) else \
+            summary.assign(mean_rtt_ms=None, rate_bit_s=None)
+        extra = {"run": name, "run_complete": frames.complete}
+        summaries.append(summary.assign(**extra))
+        if len(frames.steps):
+            steps.append(frames.steps.assign(**extra))
+        if len(frames.evals):
+            evals.append(frames.evals.assign(**extra))
+        if len(frames.faults):
+            faults.append(frames.faults.assign(**extra))
+    columns = ["run", "run_complete", *SUMMARY_COLUMNS, "mean_rtt_ms", "rate_bit_s"]
+    summary = pd.concat(summaries, ignore_index=True) if summaries else pd.DataFrame(columns=columns)
+    summary = summary[columns]
+    faults = pd.concat(faults, ignore_index=True)[FAULT_CSV_COLUMNS] if faults else \
+        pd.DataFrame(columns=FAULT_CSV_COLUMNS)
+    return Results(runs, summary, pd.concat(steps, ignore_index=True) if steps else pd.DataFrame(),
+                   pd.concat(evals, ignore_index=True) if evals else pd.DataFrame(), faults)
+
+
+# --- markdown ---------------------------------------------------------------------------------------
+
+
+def _fmt(value, column: str) -> str:
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return "-"
+    if column in BYTE_COLUMNS:
+        return format_bytes(value)
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 100 else f"{value:.0f}"
+    return str(value).replace("|", "\\|")
+
+
+def markdown_table(table: pd.DataFrame, columns: list[str]) -> str:
+    """A GitHub-flavoured markdown table of `columns` (absent columns are skipped)."""
+    columns = [c for c in columns if c in table.columns]
+    header = "| " + " | ".join(c.replace("_", " ") for c in columns) + " |"
+    rule = "|" + "|".join("---" if c in ("network", "label", "status", "run") else "---:" for c in columns) + "|"
+    body = ["| " + " | ".join(_fmt(row.get(c), c) for c in columns) + " |" for row in table.to_dict("records")]
+    return "\n".join([header, rule, *body])
+
+
+def incomplete_message(run: RunInfo) -> str:
+    why = (f"it was interrupted ({run.interrupted})" if run.interrupted
+           else "it crashed, was killed or is still running")
+    return (f"INCOMPLETE run: {run.path} has no COMPLETE file ({why}); its rows are partial and it is "
+            f"left out of the comparison figures")
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "run"
+
+
+# --- fault events -----------------------------------------------------------------------------------
+
+FAULTS_INTRO = ("Fault events the harness applied (`faults.jsonl`, source `fault`) and what the trainers "
+                "recorded of them (`membership`: rank 0 saw ranks lost or joined; `rejoin`: a restarted "
+                "rank was admitted back), in time order. Time is seconds after the job's processes "
+                "started (the scenario's `at:`); training time is the x axis of the training curves, "
+                "where each fault is a dashed line; a fault's step is the last step rank 0 had finished. "
+                "Every row is in `faults.csv`.")
+
+
+def _collapse_traces(events: pd.DataFrame) -> pd.DataFrame:
+    """One job's events with each link's many ok `trace` rows shown as one row (failed ones stay)."""
+    words = events["what"].astype(str).str.split()
+    is_trace = (events["source"] == "fault") & (words.str[0] == "trace") & ~events["ok"].map(injection_failed)
+    keep = events[~is_trace]
+    collapsed = []
+    for pair, rows in events[is_trace].groupby(words[is_trace].str[1], sort=False):
+        if len(rows) <= TRACE_ROWS_LISTED:
+            collapsed.append(rows)
+            continue
+        first, last = rows.iloc[0], rows.iloc[-1]
+        span = f"{str(first['what']).split()[-1]}..{str(last['what']).split()[-1]}"
+        collapsed.append(pd.DataFrame([{**first.to_dict(), "what": f"trace {pair} ×{len(rows)} ({span})",
+                                        "effect": f"first: {first['effect']}; last: {last['effect']}"}]))
+    if not collapsed:
+        return events
+    out = pd.concat([keep, *collapsed], ignore_index=True)
+    return out.sort_values("time_s", kind="stable")
+
+
+def _fault_cells(row: dict) -> list[str]:
+    def number(value, digits: int) -> str:
+        return "-" if value is None or pd.isna(value) else f"{float(value):.{digits}f}"
+
+    def text(value) -> str:
+        return "-" if value is None or (isinstance(value, float) and pd.isna(value)) or value == "" else \
+            str(value).replace("|", "\\|").replace("\n", " ")
+
+    ok = row.get("ok")
+    if injection_failed(ok):
+        ok_cell = "**FAILED**"
+    else:
+        ok_cell = "-" if ok is None or pd.isna(ok) else "yes"
+    step = row.get("step")
+    return [number(row.get("time_s"), 2), number(row.get("train_time_s"), 2),
+            "-" if step is None or pd.isna(step) else str(int(step)), text(row.get("source")),
+            text(row.get("what")), text(row.get("effect")), ok_cell]
+
+
+def faults_markdown(faults: pd.DataFrame) -> list[str]:
+    """Markdown lines for one run's fault events: per job a heading and a table in time order
+    (time, training time, step, source, event, effect, ok); a failed injection reads **FAILED**."""
+    lines = []
+    for job_id, events in faults.groupby("job_id", sort=True):
+        events = events.sort_values("time_s", kind="stable")
+        first = events.iloc[0]
+        lines += [f"#### `{first['label']}` seed {first['seed']} at {first['network'] or '?'} (`{job_id}`)", ""]
+        failed = events[(events["source"] == "fault") & events["ok"].map(injection_failed)]
+        if len(failed):
+            lines += [f"**{len(failed)} fault injection(s) FAILED**: "
+                      + "; ".join(f"{r['what']} ({r['effect']})" for r in failed.to_dict("records")), ""]
+        lines += ["| time (s) | training time (s) | step | source | event | effect | ok |",
+                  "|---:|---:|---:|---|---|---|---|"]
+        lines += ["| " + " | ".join(_fault_cells(row)) + " |" for row in _collapse_traces(events).to_dict("records")]
+        lines.append("")
+    return lines
+
+
+# --- the report --------------------------------------------------------------------------------------
+
+
+@dataclass
+class ReportOutcome:
+    out_dir: Path
+    markdown: Path
+    combined_csv: Path
+    run_csvs: list[Path]
+    figures: list[Path]          # every PNG and SVG written
+    incomplete: list[RunInfo]
+    skipped_figures: dict        # figure name -> why it was not drawn
+    faults_csv: Optional[Path] = None                    # every run's fault events (header only if none)
+    run_faults_csvs: list[Path] = field(default_factory=list)
+
+
+def _comparison_figures(results: Results) -> tuple[dict, dict]:
+    """name -> (title, Figure) for the cross-run figures that have data; name -> why not otherwise."""
+    table = results.comparable()
+    made, skipped = {}, {}
+    if not len(table):
+        reason = "no complete run with a job that ended ok"
+        return made, {name: reason for name in ("speedup_vs_latency", "throughput_vs_bandwidth",
+                                                "accuracy_vs_bytes", "async_vs_sync")}
+
+    def has(column):
+        return column in table and table[column].notna().any()
+
+    if has("speedup_vs_sync") or has("throughput_speedup_vs_sync"):
+        made["speedup_vs_latency"] = ("Speedup over sync vs latency", plots.speedup_vs_latency(table))
+    else:
+        skipped["speedup_vs_latency"] = "no speedup against a sync job at the same network point and seed"
+    rates = table["rate_bit_s"].nunique() if has("rate_bit_s") else table["rate"].nunique()
+    if has("steps_per_s") and rates > 1:
+        made["throughput_vs_bandwidth"] = ("Throughput vs bandwidth", plots.throughput_vs_bandwidth(table))
+    else:
+        skipped["throughput_vs_bandwidth"] = "the link rate was not swept (one rate in the compared runs)"
+    if has("final_accuracy") and has("bytes_sent_per_node"):
+        made["accuracy_vs_bytes"] = ("Accuracy vs bytes on the wire", plots.accuracy_vs_bytes(table))
+    else:
+        skipped["accuracy_vs_bytes"] = "no job with both a final accuracy and a byte count"
+    ratios = plots.compute_comm_ratio(results.steps[results.steps["run_complete"]] if len(results.steps) else results.steps)
+    non_sync = table[table["algorithm"] != "sync"]
+    if len(ratios) and len(non_sync) and (has("speedup_vs_sync") or has("throughput_speedup_vs_sync")):
+        made["async_vs_sync"] = ("Async vs sync by compute/communication ratio",
+                                 plots.async_vs_sync(table, results.steps))
+    else:
+        skipped["async_vs_sync"] = "needs sync's compute_s/comm_blocked_s records and a non-sync job to compare"
+    return made, skipped
+
+
+def _progress_figures(results: Results) -> tuple[list, list[str]]:
+    """[(run, network, title, Figure)] per run and network point; plus notes on what was capped."""
+    made, notes = [], []
+    for run in results.runs:
+        steps = results.steps[results.steps["run"] == run.name] if len(results.steps) else results.steps
+        evals = results.evals[results.evals["run"] == run.name] if len(results.evals) else results.evals
+        faults = results.faults[results.faults["run"] == run.name]
+        networks = set(steps["network"]) if len(steps) else set()
+        networks = sorted(networks | (set(evals["network"]) if len(evals) else set()))
+        if len(networks) > MAX_PROGRESS_FIGURES_PER_RUN:
+            notes.append(f"{run.name}: {len(networks)} network points; curves drawn for the first "
+                         f"{MAX_PROGRESS_FIGURES_PER_RUN} only")
+            networks = networks[:MAX_PROGRESS_FIGURES_PER_RUN]
+        for network in networks:
+            title = f"{run.name} at {network or 'unknown network (a job without job.json)'}"
+            if not run.complete:
+                title = "INCOMPLETE run: " + title
+            figure = plots.loss_accuracy_vs_time(
+                steps[steps["network"] == network] if len(steps) else steps,
+                evals[evals["network"] == network] if len(evals) else evals, title=title,
+                target_accuracy=run.target_accuracy,
+                faults=faults[faults["network"] == network] if len(faults) else faults)
+            made.append((run, network, title, figure))
+    return made, notes
+
+
+def _save(figure, base: Path) -> list[Path]:
+    paths = []
+    for fmt in FIGURE_FORMATS:
+        path = base.parent / f"{base.name}.{fmt}"  # not with_suffix: "delay0.25" has a dot
+        figure.savefig(path, format=fmt, dpi=plots.DPI, bbox_inches="tight")
+        paths.append(path)
+    return paths
+
+
+def _environment_lines(run: RunInfo) -> str:
+    env = run.environment
+    if not env:
+        return "no environment.json"
+    parts = [f"date {env.get('date', '?')}", f"backend {env.get('backend', '?')}",
+             f"CPU {env.get('cpu') or '?'} ({env.get('cpu_count', '?')} cores)",
+             f"GPU {env.get('gpu') or 'none'}", f"kernel {env.get('kernel', '?')}",
+             f"Python {env.get('python', '?')}", f"torch {env.get('torch', '?')}",
+             f"commit {str(env.get('git_commit') or '?')[:12]}{' (dirty)' if env.get('git_dirty') else ''}"]
+    return ", ".join(parts)
+
+
+def write_report(run_dirs: Iterable, out_dir, loaded: Optional[dict] = None) -> ReportOutcome:
+    """Write report.md, summary.csv and faults.csv (combined and per run) and every figure
+    (PNG + SVG) to out_dir. `loaded`: run directory -> RunFrames already read (see load_results)."""
+    results = load_results(run_dirs, loaded)
+    out = Path(out_dir)
+    figures_dir = out / "figures"
+    figures_dir.mkdir(parents=True, exist_ok=True)
+
+    combined_csv = out / "summary.csv"
+    results.summary.to_csv(combined_csv, index=False)
+    faults_csv = out / "faults.csv"
+    results.faults.to_csv(faults_csv, index=False)
+    run_csvs, run_faults_csvs = [], []
+    for run in results.runs:
+        run_out = out / "runs" / _safe(run.name)
+        run_out.mkdir(parents=True, exist_ok=True)
+        path = run_out / "summary.csv"
+        results.summary[results.summary["run"] == run.name].to_csv(path, index=False)
+        run_csvs.append(path)
+        path = run_out / "faults.csv"
+        results.faults[results.faults["run"] == run.name].to_csv(path, index=False)
+        run_faults_csvs.append(path)
+
+    written: list[Path] = []
+    comparison, skipped = _comparison_figures(results)
+    comparison_files = {}
+    for name, (title, figure) in comparison.items():
+        paths = _save(figure, figures_dir / name)
+        written += paths
+        comparison_files[name] = (title, paths[0])
+    progress, progress_notes = _progress_figures(results)
+    progress_files = []
+    for run, network, title, figure in progress:
+        paths = _save(figure, figures_dir / f"progress-{_safe(run.name)}-{_safe(network or 'unknown')}")
+        written += paths
+        progress_files.append((run, title, paths[0]))
+
+    lines = ["# wanbench report", "",
+             f"Generated {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')} "
+             f"from {len(results.runs)} run(s).", ""]
+    for run in results.incomplete:
+        lines += [f"> **{incomplete_message(run)}.**", ""]
+    lines += ["## Runs", ""]
+    for run in results.runs:
+        mark = "complete" if run.complete else "**INCOMPLETE**"
+        target = "-" if run.target_accuracy is None else f"{run.target_accuracy:g}"
+        lines.append(f"- `{run.name}` ({mark}; target accuracy {target}): `{run.path}`; {_environment_lines(run)}")
+    lines += ["", "## Summary", "",
+              "Speedups are against `sync` at the same network point and seed (> 1: faster than sync); "
+              "time to target is seconds of training until the first eval at or above the target accuracy. "
+              "Every column is in `summary.csv`.", ""]
+    for run in results.runs:
+        rows = results.summary[results.summary["run"] == run.name]
+        heading = f"### {run.name}" + ("" if run.complete else " (INCOMPLETE run: partial rows)")
+        lines += [heading, "", markdown_table(rows, HEADLINE_COLUMNS), ""]
+        bad = rows[rows["status"] != "ok"]
+        for row in bad.to_dict("records"):
+            lines.append(f"- job `{row['label']}` seed {row['seed']} at {row['network']}: status "
+                         f"**{row['status']}**, left out of the comparison figures")
+        if len(bad):
+            lines.append("")
+    if len(results.faults):
+        lines += ["## Faults", "", FAULTS_INTRO, ""]
+        for run in results.runs:
+            events = results.faults[results.faults["run"] == run.name]
+            if len(events):
+                lines += [f"### {run.name}", "", *faults_markdown(events)]
+    lines += ["## Comparison figures", ""]
+    if results.incomplete:
+        lines += ["Drawn from complete runs only.", ""]
+    for name, (title, png) in comparison_files.items():
+        lines += [f"### {title}", "", f"![{title}]({png.relative_to(out).as_posix()})", "",
+                  f"SVG: [{name}.svg](figures/{name}.svg)", ""]
+    for name, why in skipped.items():
+        lines.append(f"- `{name}` not drawn: {why}")
+    if skipped:
+        lines.append("")
+    lines += ["## Training curves", ""]
+    if (results.faults["source"] == "fault").any():
+        lines += ["Dashed vertical lines mark fault events in the colour of the job they hit (red: an "
+                  "injection that failed); the Faults section lists them.", ""]
+    for note in progress_notes:
+        lines += [f"- {note}", ""]
+    for run, title, png in progress_files:
+        lines += [f"### {title}", "", f"![{title}]({png.relative_to(out).as_posix()})", ""]
+    if not progress_files:
+        lines += ["No step or eval records in any run.", ""]
+    markdown = out / "report.md"
+    markdown.write_text("\n".join(lines))
+    return ReportOutcome(out, markdown, combined_csv, run_csvs, written, results.incomplete, skipped,
+                         faults_csv, run_faults_csvs)
+
+
+def default_out_dir(run_dirs: list) -> Path:
+    """One run: <run_dir>/report; several: results/reports/<UTC time>."""
+    if len(run_dirs) == 1:
+        return Path(run_dirs[0]) / "report"
+
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return REPORTS_ROOT / stamp

@@ -1,0 +1,467 @@
+"""Results tables: per-rank JSONL records of a run directory -> pandas DataFrames -> summary.csv.
+
+`load_run(run_dir)` gives tidy frames (one row per step / eval record, with job columns, and one
+row per fault event: see `load_faults`); `summarize(load_run(run_dir))` gives one row per job with the
+comparison against `sync` at the same network point and seed. Pure functions of files: the plots
+and notebooks use the same frames.
+
+Two clocks. `train_time_s` (steps, evals, and fault events for the figures) counts from the moment
+a rank began its first step. A fault event's `time_s` counts from the moment the harness started
+the job's processes, the zero of a scenario's `faults: at:` times (see `load_faults`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import pandas as pd
+
+from emulator.files import write_text_atomic
+
+SUMMARY_COLUMNS = [
+    "network", "delay_scale", "rate", "nodes", "algorithm", "label", "seed", "status",
+    "final_accuracy", "best_accuracy", "time_to_target_s", "accuracy_at_step_budget",
+    "accuracy_at_time_budget", "steps", "train_time_s", "steps_per_s",
+    "speedup_vs_sync", "throughput_speedup_vs_sync", "accuracy_delta_vs_sync",
+    "bytes_sent_per_node", "bytes_per_step_per_node", "wire_bytes_per_node", "wire_overhead",
+    "comm_blocked_fraction", "mean_staleness", "workers", "servers", "server_bytes_sent_per_node",
+    "server_wire_bytes_per_node", "transport", "tuned", "sweep_best",
+]
+
+# The columns people read first: the terminal table and the report's markdown table (every column
+# goes to the CSV).
+HEADLINE_COLUMNS = [
+    "network", "label", "seed", "status", "final_accuracy", "time_to_target_s", "steps_per_s",
+    "speedup_vs_sync", "throughput_speedup_vs_sync", "accuracy_delta_vs_sync",
+    "bytes_sent_per_node", "wire_bytes_per_node", "comm_blocked_fraction",
+]
+BYTE_COLUMNS = {"bytes_sent_per_node", "bytes_per_step_per_node", "wire_bytes_per_node"}
+
+
+def format_bytes(value: float) -> str:
+    """3 significant digits and a decimal unit: 4.81 MB."""
+    for factor, unit in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g} {unit}"
+    return f"{value:.0f} B"
+
+
+# One row per fault event or its effect on the job's membership (see load_faults).
+FAULT_COLUMNS = [
+    "job_id", "label", "algorithm", "seed", "network", "time_s", "train_time_s", "step", "source",
+    "what", "effect", "ok", "rank", "due_s", "time_unix",
+]
+# Ordering of events at the same time: the cause before what the trainers saw of it.
+_SOURCE_ORDER = {"fault": 0, "membership": 1, "rejoin": 2}
+
+
+@dataclass
+class RunFrames:
+    jobs: pd.DataFrame    # one row per job (job.json + config)
+    steps: pd.DataFrame   # one row per step record, every rank
+    evals: pd.DataFrame   # one row per eval record (rank 0)
+    target_accuracy: Optional[float]
+    complete: bool
+    faults: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=FAULT_COLUMNS))
+    budget_steps: Optional[int] = None      # accuracy_at_step_budget is read at this step
+    budget_time_s: Optional[float] = None   # accuracy_at_time_budget at this much training time
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    rows = []
+    with open(path) as handle:
+        for line in handle:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                # A torn line of a crashed rank: skip it and keep the rest (a restarted rank
+                # appends its records after it).
+                continue
+    return rows
+
+
+def _writer_offsets(records: list[dict]) -> list[float]:
+    """Per record, the seconds to add to its `time_s` to put it on the file's first writer's clock.
+
+    A restarted rank's records follow the crashed process's in the same file, on a clock that
+    starts again at 0 (a new writer: a second `start` record, or time going back). Each later
+    writer is shifted by the difference of the writers' wall-clock origins (time_unix - time_s).
+    """
+    offsets, offset, origin, last = [], 0.0, None, None
+    for record in records:
+        time_s, time_unix = record.get("time_s"), record.get("time_unix")
+        if time_s is not None and time_unix is not None:
+            if origin is None:
+                origin = time_unix - time_s
+            elif record.get("kind") == "start" or (last is not None and time_s < last):
+                offset = (time_unix - time_s) - origin
+            last = time_s
+        offsets.append(offset)
+    return offsets
+
+
+def _writer_origin_unix(records: list[dict]) -> Optional[float]:
+    """Wall-clock time (s since the epoch) at which the file's first writer was created."""
+    return next((r["time_unix"] - r["time_s"] for r in records
+                 if r.get("time_s") is not None and r.get("time_unix") is not None), None)
+
+
+def _train_start_s(records: list[dict], offsets: list[float]) -> float:
+    """The `time_s` (first writer's clock) that is training time 0 for this rank."""
+    # Time zero is when this rank began its first step: process start-up (importing torch,
+    # loading data, the rendezvous) is the same for every algorithm and is not training.
+    for record, offset in zip(records, offsets):
+        if record.get("kind") == "step":
+            return record["time_s"] + offset - (record.get("step_s") or 0.0)
+    return next((r["time_s"] + o for r, o in zip(records, offsets) if r.get("kind") == "start"), 0.0)
+
+
+@dataclass
+class _JobClock:
+    """What the fault events of one job need from its rank files."""
+
+    records: dict            # rank -> records of rank<rank>.jsonl
+    writers_start_unix: Optional[float] = None   # the earliest rank writer's creation
+    rank0_train_zero_unix: Optional[float] = None  # rank 0's training time 0, wall clock
+    rank0_steps: Optional[pd.DataFrame] = None     # rank 0's step and train_time_s
+
+
+def load_run(run_dir) -> RunFrames:
+    """Read every job of a run directory into DataFrames."""
+    run_dir = Path(run_dir)
+    scenario = json.loads((run_dir / "scenario.json").read_text())
+    stop = scenario.get("spec", {}).get("stop") or {}
+    target = stop.get("target_accuracy")
+    jobs, steps, evals, faults = [], [], [], []
+    for job_dir in sorted((run_dir / "jobs").glob("*")) if (run_dir / "jobs").is_dir() else []:
+        info_path = job_dir / "job.json"
+        info = json.loads(info_path.read_text()) if info_path.exists() else {"status": "incomplete"}
+        network = info.get("network", {})
+        base = {"job_id": job_dir.name, "label": info.get("label", job_dir.name),
+                "algorithm": info.get("algorithm"), "seed": info.get("seed"),
+                "delay_scale": network.get("delay_scale"), "rate": network.get("rate"),
+                "nodes": info.get("nodes")}
+        base["network"] = info.get("network_key", "")
+        jobs.append({**base, "status": info.get("status"), "wall_s": info.get("wall_s"),
+                     "reason": info.get("reason", ""), "wire": _wire_bytes_by_rank(job_dir),
+                     "server_ranks": list((info.get("params") or {}).get("server_ranks") or []),
+                     "base_label": info.get("base_label") or base["label"], "tuned": info.get("tuned") or {}})
+        clock = _JobClock(records={})
+        for rank_file in sorted(job_dir.glob("rank*.jsonl")):
+            records = _read_jsonl(rank_file)
+            offsets = _writer_offsets(records)
+            start = _train_start_s(records, offsets)
+            origin = _writer_origin_unix(records)
+            rank_rows = []
+            for record, offset in zip(records, offsets):
+                kind = record.get("kind")
+                # Evaluation stays in: it is the same protocol for every algorithm, and its
+                # communication (averaging a deployable model) overlaps the algorithm's own, so
+                # subtracting it would credit an algorithm with the evaluation's network time.
+                # Other kinds (start, status, membership, rejoin, ...) are not steps or evals.
+                row = {**base, **record, "train_time_s": record.get("time_s", 0.0) + offset - start}
+                if kind == "step":
+                    steps.append(row)
+                    rank_rows.append(row)
+                elif kind == "eval":
+                    evals.append(row)
+            rank = records[0].get("rank") if records else None
+            clock.records[rank] = records
+            # the all-reduce the job used, from the ranks' start records ("gloo", "ours:auto", ...)
+            transports = {r["transport"] for r in records if r.get("kind") == "start" and r.get("transport")}
+            if transports:
+                known = jobs[-1].get("transport")
+                jobs[-1]["transport"] = "/".join(sorted(transports | ({known} if known else set())))
+            if origin is not None:
+                earliest = clock.writers_start_unix
+                clock.writers_start_unix = origin if earliest is None else min(origin, earliest)
+                if rank == 0:
+                    clock.rank0_train_zero_unix = origin + start
+                    clock.rank0_steps = pd.DataFrame(rank_rows, columns=["step", "train_time_s"])
+        # Evaluations of the output model: the evaluator's eval.jsonl (off the wire and off the
+        # training clock; its train_time_s is the ranks' training clock), or, in runs made before
+        # it, rank 0's in-band eval records read above.
+        offwire = _read_jsonl(job_dir / "eval.jsonl") if (job_dir / "eval.jsonl").exists() else []
+        if offwire:
+            evals[:] = [row for row in evals if row["job_id"] != base["job_id"]]
+            evals += [{**base, **record, "rank": 0} for record in offwire if record.get("kind") == "eval"]
+        faults += _job_faults(job_dir, base, clock)
+    return RunFrames(pd.DataFrame(jobs), pd.DataFrame(steps), pd.DataFrame(evals), target,
+                     (run_dir / "COMPLETE").exists(), _faults_frame(faults),
+                     budget_steps=stop.get("budget_steps", stop.get("steps")),
+                     budget_time_s=stop.get("budget_time_s", stop.get("time_budget_s")))
+
+
+def _wire_bytes_by_rank(job_dir: Path) -> dict:
+    """Bytes each rank's node put on the emulated wire during the job (wire.json, from the
+    backend's counters); {} where the backend keeps no counters. Entries without a rank (older
+    files) are keyed by node name."""
+    try:
+        nodes = json.loads((job_dir / "wire.json").read_text())["nodes"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    return {node.get("rank", name): node["bytes_sent"] for name, node in nodes.items()}
+
+
+def _mean(values) -> Optional[float]:
+    values = list(values)
+    return float(sum(values) / len(values)) if values else None
+
+
+def _membership_text(record: dict) -> tuple[str, str]:
+    """(what, effect) of a trainer's membership record: who was lost or joined, who is live."""
+
+    def ranks(values) -> str:
+        values = list(values or [])
+        return ("rank " if len(values) == 1 else "ranks ") + ", ".join(str(v) for v in values)
+
+    parts = [f"{ranks(record.get('lost'))} lost"] if record.get("lost") else []
+    parts += [f"{ranks(record.get('joined'))} joined"] if record.get("joined") else []
+    live = record.get("live")
+    effect = "live: " + (", ".join(str(v) for v in live) if live else "none") if live is not None else ""
+    return ("; ".join(parts) or "membership unchanged"), effect
+
+
+def _job_faults(job_dir: Path, base: dict, clock: _JobClock) -> list[dict]:
+    """The fault events of one job (faults.jsonl) and the trainers' records of their effect.
+
+    `time_s` counts from the job's start: the harness's own zero for `faults.jsonl`
+    (`time_unix - applied_s`, the smallest over its rows, is that zero on the wall clock), or,
+    without a `faults.jsonl`, the earliest rank writer's creation (a rank's first record's
+    `time_unix - time_s`: about the process start plus Python's imports). Trainer records are
+    placed by their `time_unix` against that zero. `train_time_s` is the same moment on rank 0's
+    training clock (the x axis of the training curves). A fault's `step` is the last step rank 0
+    had finished by then; a membership or rejoin record carries its own.
+    """
+    path = job_dir / "faults.jsonl"
+    harness = [r for r in _read_jsonl(path) if r.get("kind") == "fault"] if path.is_file() else []
+    zeros = [r["time_unix"] - r["applied_s"] for r in harness
+             if r.get("time_unix") is not None and r.get("applied_s") is not None]
+    job_start_unix = min(zeros) if zeros else clock.writers_start_unix
+    to_train = (None if job_start_unix is None or clock.rank0_train_zero_unix is None
+                else job_start_unix - clock.rank0_train_zero_unix)
+    job = {key: base.get(key) for key in ("job_id", "label", "algorithm", "seed", "network")}
+    rows = []
+    for record in harness:
+        time_s = record.get("applied_s", record.get("due_s"))
+        rows.append({**job, "time_s": time_s, "source": "fault", "what": record.get("what", ""),
+                     "effect": record.get("effect", ""), "ok": record.get("ok"), "rank": None,
+                     "due_s": record.get("due_s"), "time_unix": record.get("time_unix")})
+    for rank, records in sorted(clock.records.items(), key=lambda item: str(item[0])):
+        for record in records:
+            kind = record.get("kind")
+            if kind not in ("membership", "rejoin") or job_start_unix is None or record.get("time_unix") is None:
+                continue
+            if kind == "membership":
+                what, effect = _membership_text(record)
+            else:
+                what = f"rank {record.get('rank', rank)} rejoined"
+                effect = f"admitted after {record.get('restarts', '?')} restart(s)"
+                if record.get("live") is not None:
+                    effect += "; live: " + ", ".join(str(v) for v in record["live"])
+            rows.append({**job, "time_s": record["time_unix"] - job_start_unix, "source": kind,
+                         "what": what, "effect": effect, "ok": None, "rank": record.get("rank", rank),
+                         "step": record.get("step"), "due_s": None, "time_unix": record["time_unix"]})
+    for row in rows:
+        row["train_time_s"] = None if to_train is None or row["time_s"] is None else row["time_s"] + to_train
+        if row["source"] == "fault":
+            row["step"] = _last_step_by(clock.rank0_steps, row["train_time_s"])
+    return rows
+
+
+def _last_step_by(rank0_steps: Optional[pd.DataFrame], train_time_s: Optional[float]) -> Optional[int]:
+    """The highest step rank 0 had finished at `train_time_s` (None before its first)."""
+    if rank0_steps is None or not len(rank0_steps) or train_time_s is None:
+        return None
+    done = rank0_steps[rank0_steps["train_time_s"] <= train_time_s + 1e-9]
+    return int(done["step"].max()) if len(done) else None
+
+
+def _faults_frame(rows: list[dict]) -> pd.DataFrame:
+    """Rows of `_job_faults` as a frame in FAULT_COLUMNS order, each job's events in time order."""
+    frame = pd.DataFrame(rows, columns=FAULT_COLUMNS)
+    if not len(frame):
+        return frame
+    for column in ("time_s", "train_time_s"):  # differences of wall-clock times: microseconds are all there is
+        frame[column] = frame[column].astype(float).round(6)
+    frame["step"] = frame["step"].astype("Int64")
+    frame["rank"] = frame["rank"].astype("Int64")
+    order = frame["source"].map(_SOURCE_ORDER).fillna(len(_SOURCE_ORDER))
+    frame = frame.assign(_order=order).sort_values(["job_id", "time_s", "_order"], kind="stable")
+    return frame.drop(columns="_order").reset_index(drop=True)
+
+
+def injection_failed(ok) -> bool:
+    """True for a fault row whose injection failed (`ok` False); False for ok or empty (trainer rows)."""
+    return ok is not None and not pd.isna(ok) and not bool(ok)
+
+
+def load_faults(run_dir) -> pd.DataFrame:
+    """Every job's fault events (its `faults.jsonl`) and the trainers' membership and rejoin
+    records, one row each, in time order per job (columns: FAULT_COLUMNS; see `_job_faults`).
+
+    source: "fault" (the harness applied it: `what`, `effect`, `ok`, `due_s`), "membership"
+    (rank 0 saw the set of live ranks change: `what` names who was lost or joined, `effect` the
+    live ranks) or "rejoin" (a restarted rank was admitted back). `ok` is False for an injection
+    that failed (its `effect` is the error) and empty for trainer records.
+    """
+    return load_run(run_dir).faults
+
+
+def time_to_target(evals: pd.DataFrame, target: float) -> Optional[float]:
+    """Training time (s) at which accuracy first reaches `target`, interpolated linearly between the
+    evaluation before and the one at or after the crossing (evals sorted by step); None if never."""
+    times, accuracies = evals["train_time_s"].to_list(), evals["accuracy"].to_list()
+    for index, accuracy in enumerate(accuracies):
+        if accuracy >= target:
+            if index == 0 or accuracies[index - 1] >= accuracy:
+                return float(times[index])
+            before_t, before_a = times[index - 1], accuracies[index - 1]
+            return float(before_t + (target - before_a) / (accuracy - before_a) * (times[index] - before_t))
+    return None
+
+
+def accuracy_at(evals: pd.DataFrame, progress: pd.Series, budget: Optional[float]) -> Optional[float]:
+    """Accuracy of the last evaluation whose `progress` (steps done, or training time) is at or
+    before `budget`, if the job got that far (an evaluation at or past the budget); else None."""
+    if budget is None or not len(evals) or progress.max() < budget:
+        return None
+    within = evals[progress <= budget]
+    return float(within["accuracy"].iloc[-1]) if len(within) else None
+
+
+def _mark_sweep_best(table: pd.DataFrame, jobs: pd.DataFrame) -> None:
+    """sweep_best: among the variants of one algorithm entry that a tuning sweep (sweep.workload)
+    made, at the same network point and seed, True for the best by accuracy at the step budget
+    (then at the time budget, then final accuracy); empty for jobs of no tuning sweep."""
+    if not len(table) or "base_label" not in jobs:
+        return
+    table["sweep_best"] = table["sweep_best"].astype(object)
+    base = jobs["base_label"].to_list()
+    tuned = [bool(t) for t in jobs["tuned"].to_list()]
+    groups: dict = {}
+    for index, row in table.iterrows():
+        if tuned[index]:
+            groups.setdefault((row["network"], base[index], row["seed"]), []).append(index)
+    for members in groups.values():
+        for column in ("accuracy_at_step_budget", "accuracy_at_time_budget", "final_accuracy"):
+            scores = table.loc[members, column].astype(float)
+            if scores.notna().any():
+                best = scores.idxmax()
+                for index in members:
+                    table.at[index, "sweep_best"] = index == best
+                break
+
+
+def summarize(frames: RunFrames, target_accuracy: Optional[float] = None) -> pd.DataFrame:
+    """One row per job of a loaded run (`load_run`): accuracy, time to target, throughput, bytes,
+    and ratios against sync."""
+    target = target_accuracy if target_accuracy is not None else frames.target_accuracy
+    rows = []
+    for job in frames.jobs.to_dict("records"):
+        row = {key: job.get(key) for key in ("network", "delay_scale", "rate", "nodes", "algorithm",
+                                                 "label", "seed", "status")}
+        ev = frames.evals[frames.evals["job_id"] == job["job_id"]] if len(frames.evals) else frames.evals
+        st = frames.steps[frames.steps["job_id"] == job["job_id"]] if len(frames.steps) else frames.steps
+        if len(ev):
+            ev = ev.sort_values("step")
+            row["final_accuracy"] = float(ev["accuracy"].iloc[-1])
+            row["best_accuracy"] = float(ev["accuracy"].max())
+            if target is not None:
+                row["time_to_target_s"] = time_to_target(ev, target)
+            # an eval record's `step` is the index of the last step done
+            row["accuracy_at_step_budget"] = accuracy_at(ev, ev["step"] + 1, frames.budget_steps)
+            row["accuracy_at_time_budget"] = accuracy_at(ev, ev["train_time_s"], frames.budget_time_s)
+        # Roles: a parameter server's ranks (job params server_ranks) serve; the others train.
+        # Throughput, blocked time and bytes per node are the workers'; the servers' bytes apart.
+        servers = set(job.get("server_ranks") or [])
+        row["servers"] = len(servers)
+        if len(st):
+            workers = st[~st["rank"].isin(servers)] if servers else st
+            row["workers"] = int(workers["rank"].nunique())
+            first = workers[workers["rank"] == workers["rank"].min()] if len(workers) else workers
+            row["steps"] = int(first["step"].max()) + 1 if len(first) else None
+            row["train_time_s"] = float(first["train_time_s"].max()) if len(first) else None
+            if row.get("steps") and row.get("train_time_s"):
+                row["steps_per_s"] = row["steps"] / row["train_time_s"]
+            # Sum of the per-step counts, not the last running total: a restarted rank's total
+            # starts again from 0 in its new process.
+            row["bytes_sent_per_node"] = float(workers.groupby("rank")["bytes_sent"].sum().mean())
+            if servers:
+                served = st[st["rank"].isin(servers)]
+                row["server_bytes_sent_per_node"] = float(served.groupby("rank")["bytes_sent"].sum().mean())
+            if row.get("steps"):
+                row["bytes_per_step_per_node"] = row["bytes_sent_per_node"] / row["steps"]
+            blocked = workers["comm_blocked_s"].dropna()
+            if len(blocked):
+                row["comm_blocked_fraction"] = float(blocked.sum() / workers.loc[blocked.index, "step_s"].sum())
+            if "staleness" in workers and workers["staleness"].notna().any():
+                row["mean_staleness"] = float(workers["staleness"].dropna().mean())
+        wire = job.get("wire") or {}
+        row["wire_bytes_per_node"] = _mean(sent for rank, sent in wire.items() if rank not in servers)
+        if servers:
+            row["server_wire_bytes_per_node"] = _mean(sent for rank, sent in wire.items() if rank in servers)
+        transport = job.get("transport")
+        if isinstance(transport, str):
+            row["transport"] = transport
+        if job.get("tuned"):
+            row["tuned"] = " ".join(f"{k}={v}" for k, v in job["tuned"].items())
+        if row.get("wire_bytes_per_node") is not None and row.get("bytes_sent_per_node"):
+            # what the wire carried beyond the tensors the trainers counted: headers, handshakes,
+            # retransmissions, control messages
+            row["wire_overhead"] = row["wire_bytes_per_node"] / row["bytes_sent_per_node"] - 1.0
+        rows.append(row)
+    table = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+    _mark_sweep_best(table, frames.jobs)
+    # Ratios against sync at the same network point and seed: >1 means faster than sync.
+    for index, row in table.iterrows():
+        ref = table[(table["algorithm"] == "sync") & (table["network"] == row["network"])
+                    & (table["seed"] == row["seed"])]
+        if not len(ref):
+            continue
+        ref = ref.iloc[0]
+        if pd.notna(ref["time_to_target_s"]) and pd.notna(row["time_to_target_s"]):
+            table.at[index, "speedup_vs_sync"] = ref["time_to_target_s"] / row["time_to_target_s"]
+        if pd.notna(ref["steps_per_s"]) and pd.notna(row["steps_per_s"]):
+            table.at[index, "throughput_speedup_vs_sync"] = row["steps_per_s"] / ref["steps_per_s"]
+        # at equal budgets (steps, then training time); the final accuracy only where neither is known
+        for column in ("accuracy_at_step_budget", "accuracy_at_time_budget", "final_accuracy"):
+            if pd.notna(ref[column]) and pd.notna(row[column]):
+                table.at[index, "accuracy_delta_vs_sync"] = row[column] - ref[column]
+                break
+    return table
+
+
+def write_summary(run_dir, table: pd.DataFrame) -> Path:
+    path = Path(run_dir) / "summary.csv"
+    write_text_atomic(path, table.to_csv(index=False))
+    return path
+
+
+def summary_table(table: pd.DataFrame, title: str):
+    """A rich Table of the comparison columns people read first."""
+    from rich.table import Table
+
+    shown = HEADLINE_COLUMNS
+    out = Table(title=title)
+    for column in shown:
+        out.add_column(column.replace("_", " "), justify="right")
+
+    def fmt(value, column):
+        if value is None or (isinstance(value, float) and pd.isna(value)):
+            return "-"
+        if column in BYTE_COLUMNS:
+            return format_bytes(value)
+        if isinstance(value, float):
+            return f"{value:.3f}" if abs(value) < 100 else f"{value:.0f}"
+        return str(value)
+
+    for row in table.to_dict("records"):
+        out.add_row(*(fmt(row.get(c), c) for c in shown))
+    return out

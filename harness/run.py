@@ -1,0 +1,146 @@
+"""`wanbench run`: build the network, verify it, run every job's trainers in the nodes, tear down.
+
+Layout of a run directory (results/runs/<scenario>/<run-id>/):
+    scenario.json          the resolved scenario (every job's full trainer config)
+    environment.json       versions, kernel, backend, CPU/GPU, git commit, date
+    <network-point>/verify.json
+    jobs/<job-id>/config.json (the trainers' input), config.resolved.json (rank 0: defaults filled
+        in), rank<N>.jsonl, rank<N>.log, job.json (status, times)
+    summary.csv            one row per job (see harness/results.py)
+    COMPLETE               written last; its absence marks an incomplete run
+    INTERRUPTED            written instead when a signal or an error ended the run (with why)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from pathlib import Path
+
+import pandas as pd
+
+from emulator.backends import choose_backend
+from emulator.files import write_json_atomic
+from emulator.measure.verify import VerifyOptions, rate_warnings, verify
+from emulator.plan import make_plan
+
+from .environment import environment
+from .jobs import run_job
+from .paths import RUNS_ROOT
+from .results import RunFrames, load_run, summarize, write_summary
+from .scenario import Scenario
+
+
+@dataclasses.dataclass
+class CompletedRun:
+    """A finished run: its directory, its records (read once) and its summary (one row per job)."""
+
+    run_dir: Path
+    frames: RunFrames
+    summary: pd.DataFrame
+
+
+def run_scenario(scenario: Scenario, backend_name: str, runs_root: Path = RUNS_ROOT,
+                 console=None) -> CompletedRun:
+    """Run every job of `scenario`; its run directory is marked complete, or incomplete on error."""
+    from rich.console import Console
+
+    console = console or Console(stderr=True)
+    backend_cls, reason = choose_backend(backend_name)
+    if reason:
+        console.print(f"backend {reason}")
+    run_id = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir = runs_root / scenario.name / run_id
+    run_dir.mkdir(parents=True, exist_ok=False)
+    write_json_atomic(run_dir / "scenario.json", {
+        "name": scenario.name, "source_file": scenario.source_file,
+        "spec": scenario.spec.model_dump(), "jobs": [dataclasses.asdict(j) for j in scenario.jobs]})
+    write_json_atomic(run_dir / "environment.json", environment(backend_cls.name))
+    stop = scenario.spec.stop
+    timeout_s = scenario.spec.job_timeout_s or ((stop.time_budget_s or 600) * 2 + 180)
+
+    try:
+        _run_points(scenario, backend_cls, run_dir, console, timeout_s)
+    except BaseException as exc:
+        # Keep what was recorded and say so: `report` flags runs without COMPLETE.
+        (run_dir / "INTERRUPTED").write_text(f"{type(exc).__name__}: {exc}\n")
+        try:
+            write_summary(run_dir, summarize(load_run(run_dir)))
+        except Exception:  # noqa: BLE001 - a partial summary is a courtesy, never a second failure
+            pass
+        raise
+    frames = load_run(run_dir)
+    frames.complete = True
+    table = summarize(frames)
+    write_summary(run_dir, table)
+    (run_dir / "COMPLETE").write_text(datetime.datetime.now().isoformat())
+    return CompletedRun(run_dir, frames, table)
+
+
+def _run_points(scenario: Scenario, backend_cls, run_dir: Path, console, timeout_s: float) -> None:
+    """Build each network point in turn, verify it, run its jobs, tear it down."""
+    from rich.live import Live
+    from rich.table import Table
+
+    spec = scenario.spec
+    stop = spec.stop
+    port = spec.master_port
+    for point in scenario.network_points():
+        plan = make_plan(scenario.topology_for(point))
+        point_dir = run_dir / point.folder
+        point_dir.mkdir()
+        (point_dir / "plan.json").write_text(plan.to_json())
+        backend = backend_cls(plan)
+        console.print(f"[bold]{point.folder}[/]: {len(plan.nodes)} nodes on {backend.name}")
+        backend.up()
+        try:
+            if spec.verify.enabled:
+                # Steady-state goodput (slow start omitted, scaled with the RTT); no sparse
+                # probing here, it would add ~5 s to every network point.
+                options = VerifyOptions(probes=spec.verify.probes, sparse_probes=0,
+                                        throughput=spec.verify.throughput,
+                                        duration_s=spec.verify.duration_s)
+                with console.status("verifying the network"):
+                    rows = verify(plan, options)
+                write_json_atomic(point_dir / "verify.json", rows)
+                worst = max(abs(r["rtt_p50_error_ms"]) for r in rows) if rows else 0.0
+                console.print(f"  verify: {len(rows)} pairs, worst RTT p50 error {worst:.3f} ms")
+                for line in rate_warnings(rows, options.min_rate_ratio):
+                    console.print(f"  [yellow]warning:[/] {line}")
+            for job in [j for j in scenario.jobs if j.network == point]:
+                port = port + 1 if port < 65000 else spec.master_port  # a fresh port: no TIME_WAIT clash
+                state = {"step": 0, "loss": None, "acc": None, "elapsed": 0.0}
+
+                def render():
+                    table = Table.grid(padding=(0, 2))
+                    eta = ""
+                    if state["step"]:
+                        rate = state["step"] / max(state["elapsed"], 1e-9)
+                        left = (stop.steps - state["step"]) / rate
+                        if stop.time_budget_s:
+                            left = min(left, stop.time_budget_s - state["elapsed"])
+                        eta = f"ETA {max(0.0, left):.0f}s"
+                    loss = "-" if state["loss"] is None else f"{state['loss']:.3f}"
+                    acc = "-" if state["acc"] is None else f"{state['acc']:.3f}"
+                    table.add_row(f"[bold]{job.label}[/] seed {job.seed}", f"step {state['step']}/{stop.steps}",
+                                  f"loss {loss}", f"acc {acc}", f"{state['elapsed']:.0f}s", eta)
+                    return table
+
+                with Live(render(), console=console, refresh_per_second=4, transient=True) as live:
+                    def tick(records, elapsed):
+                        state["elapsed"] = elapsed
+                        if "step" in records:
+                            state["step"] = records["step"].get("step", 0)
+                            state["loss"] = records["step"].get("loss")
+                        if "eval" in records:
+                            state["acc"] = records["eval"].get("accuracy")
+                        live.update(render())
+
+                    outcome = run_job(plan, job, run_dir / "jobs" / job.job_id, port, timeout_s, tick,
+                                      stall_timeout_s=spec.stall_timeout_s, network=backend,
+                                      faults=spec.faults, cpu_share=spec.cpu_share, stop=spec.stop)
+                mark = "[green]ok[/]" if outcome.status == "ok" else f"[red]{outcome.status}[/] {outcome.reason}"
+                console.print(f"  {job.label} seed {job.seed}: {mark} in {outcome.wall_s:.1f}s, "
+                              f"step {state['step']}, acc {state['acc']}")
+        finally:
+            backend.down()

@@ -1,0 +1,401 @@
+"""Scenario files: a topology, a workload, the algorithms to compare, a stop rule, sweeps and seeds.
+
+`load_scenario` validates everything — the topology, every algorithm's parameters (against the
+trainers' own config classes) and the sweep axes — before anything privileged runs, and expands
+the scenario into `Job`s: one trainer configuration per (network point, algorithm variant, seed).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Optional
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .faults import FaultEvent, read_trace
+from .inputs import topology_from_document
+from emulator.schema import ConfigError, config_error_from_pydantic, load_yaml_mapping
+from emulator.plan import make_plan
+from emulator.topology import MAX_NODES_PER_REGION, NodeLimits, Topology
+from emulator.units import UnitError, parse_rate_bit_s
+
+MAX_JOBS = 500
+MAX_SEEDS = 20
+
+
+class AlgorithmEntry(BaseModel):
+    """One algorithm to compare: its registry name, a label, its own parameters, and its own
+    workload settings (e.g. {lr: 0.02} or {optimizer: {momentum: 0.5}}) over the scenario's."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    label: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,39}$")
+    params: dict = {}
+    workload: dict = {}
+
+
+class StopRule(BaseModel):
+    """When jobs end, and the equal budgets at which their accuracy is compared.
+
+    steps / time_budget_s / target_accuracy end a job (whichever comes first). budget_steps and
+    budget_time_s (default: steps and time_budget_s) are where accuracy_at_step_budget and
+    accuracy_at_time_budget are read; a job that ends before a budget has no value for it.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    steps: int = Field(200, ge=1, le=10_000_000)
+    time_budget_s: Optional[float] = Field(None, gt=0, le=7 * 24 * 3600)
+    target_accuracy: Optional[float] = Field(None, gt=0, le=1)
+    budget_steps: Optional[int] = Field(None, ge=1, le=10_000_000)
+    budget_time_s: Optional[float] = Field(None, gt=0, le=7 * 24 * 3600)
+
+    @model_validator(mode="after")
+    def _budgets_within_the_run(self):
+        if self.budget_steps is not None and self.budget_steps > self.steps:
+            raise ValueError(f"budget_steps {self.budget_steps} is more than steps {self.steps}: no job gets there")
+        if (self.budget_time_s is not None and self.time_budget_s is not None
+                and self.budget_time_s > self.time_budget_s):
+            raise ValueError(f"budget_time_s {self.budget_time_s:g} is more than time_budget_s "
+                             f"{self.time_budget_s:g}: no job gets there")
+        return self
+
+
+class VerifySettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = True
+    probes: int = Field(50, ge=1, le=100_000)
+    throughput: bool = False
+    duration_s: float = Field(3.0, gt=0, le=600)
+
+
+class SweepAxes(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    delay_scale: list[float] = Field([1.0], min_length=1, max_length=50)
+    rate: list[Optional[str]] = Field([None], min_length=1, max_length=50)
+    nodes_per_region: list[Optional[int]] = Field([None], min_length=1, max_length=50)
+    # label (or name) -> parameter -> values, e.g. {dts: {p: [1, 4, 16]}}
+    params: dict[str, dict[str, list]] = {}
+    # label (or name) -> workload key (dotted) -> values, e.g. {async_ps: {lr: [0.01, 0.03, 0.1]}}:
+    # a tuning sweep; the summary marks the best variant of each label (sweep_best)
+    workload: dict[str, dict[str, list]] = {}
+
+    @field_validator("params", "workload")
+    @classmethod
+    def _values(cls, axes):
+        for label, keys in axes.items():
+            for key, values in keys.items():
+                if not values:
+                    raise ValueError(f"{label}.{key}: give at least one value")
+                if len(values) > 50:
+                    raise ValueError(f"{label}.{key}: at most 50 values, got {len(values)}")
+        return axes
+
+    @field_validator("delay_scale")
+    @classmethod
+    def _scale(cls, values):
+        for v in values:
+            if not 0 <= v <= 1000:
+                raise ValueError(f"delay_scale {v} out of range [0, 1000]")
+        return values
+
+    @field_validator("rate")
+    @classmethod
+    def _rate(cls, values):
+        for v in values:
+            if v is not None:
+                try:
+                    parse_rate_bit_s(v)
+                except UnitError as exc:
+                    raise ValueError(str(exc)) from None
+        return values
+
+    @field_validator("nodes_per_region")
+    @classmethod
+    def _nodes(cls, values):
+        for v in values:
+            if v is not None and not 1 <= v <= MAX_NODES_PER_REGION:
+                raise ValueError(f"nodes_per_region {v} out of range [1, {MAX_NODES_PER_REGION}]")
+        return values
+
+
+class ScenarioFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    description: str = ""
+    topology: str | dict
+    nodes: Optional[dict[str, int]] = None
+    backend: Literal["auto", "tun", "tc", "mininet"] = "auto"
+    workload: dict = {}
+    stop: StopRule = StopRule()
+    algorithms: list[AlgorithmEntry] = Field([], max_length=50)
+    command: Optional[list[str]] = Field(None, min_length=1)
+    seeds: list[int] = Field([0], min_length=1, max_length=MAX_SEEDS)
+    sweep: SweepAxes = SweepAxes()
+    verify: VerifySettings = VerifySettings()
+    job_timeout_s: Optional[float] = Field(None, gt=0)   # default: 2 x time budget + 180 s
+    stall_timeout_s: Optional[float] = Field(120.0, gt=0)  # no record from any rank for this long
+    master_port: int = Field(29500, ge=1024, le=65000)
+    cpu_share: Optional[float] = Field(None, gt=0, le=1024)   # cores per node (cgroup cpu quota)
+    node_limits: NodeLimits = NodeLimits()  # memory, pids per node; override the topology's
+    faults: list[FaultEvent] = Field([], max_length=1000)
+    # Parameter-server algorithms (those whose params name server_ranks): "extra" gives them one
+    # more node, in server_region (default: the topology's first region), as their server, so they
+    # have as many workers as sync; "shared" runs the server on one of the workers' nodes.
+    servers: Literal["extra", "shared"] = "extra"
+    server_region: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _something_to_run(self):
+        if not self.algorithms and self.command is None:
+            raise ValueError("give algorithms: [...] to compare, or command: [...] to run your own script")
+        labels = [a.label or a.name for a in self.algorithms]
+        duplicate = {x for x in labels if labels.count(x) > 1}
+        if duplicate:
+            raise ValueError(f"algorithm labels must be unique; give label: to tell {sorted(duplicate)} apart")
+        return self
+
+
+@dataclass(frozen=True)
+class NetworkPoint:
+    """One network setting of a sweep."""
+
+    delay_scale: float = 1.0
+    rate: Optional[str] = None
+    nodes_per_region: Optional[int] = None
+    extra_servers: int = 0          # nodes added for a parameter server (in the server region)
+
+    @property
+    def key(self) -> str:
+        """The network setting a job is compared at (a server's extra node does not change it)."""
+        parts = [f"delay{self.delay_scale:g}"]
+        if self.rate:
+            parts.append(f"rate{self.rate}")
+        if self.nodes_per_region:
+            parts.append(f"n{self.nodes_per_region}")
+        return "-".join(parts)
+
+    @property
+    def folder(self) -> str:
+        """The run directory's folder of the network built for this point."""
+        return self.key + (f"-ps{self.extra_servers}" if self.extra_servers else "")
+
+
+@dataclass
+class Job:
+    """One trainer run: every node of the network runs `trainer_config` (or the user's command)."""
+
+    job_id: str
+    network: NetworkPoint
+    algorithm: str               # registry name
+    label: str                   # what tables and plots call it (the base label plus swept values)
+    seed: int
+    params: dict = field(default_factory=dict)         # the swept/explicit algorithm params
+    trainer_config: dict = field(default_factory=dict)  # without output_dir (set per run)
+    command: Optional[list[str]] = None
+    base_label: str = ""         # the algorithm entry's label, before sweep values were added
+    tuned: dict = field(default_factory=dict)  # workload values of a tuning sweep (dotted key -> value)
+
+
+@dataclass
+class Scenario:
+    name: str
+    source_file: str
+    spec: ScenarioFile
+    topology: Topology
+    jobs: list[Job]
+
+    def topology_for(self, point: NetworkPoint) -> Topology:
+        return _topology_for(self.topology, self.spec, point)
+    def network_points(self) -> list[NetworkPoint]:
+        seen: list[NetworkPoint] = []
+        for job in self.jobs:
+            if job.network not in seen:
+                seen.append(job.network)
+        return seen
+
+
+def _topology_for(topology: Topology, spec: ScenarioFile, point: NetworkPoint) -> Topology:
+    """The topology of one network point: node counts, a parameter server's extra node, scaling."""
+    if point.nodes_per_region:
+        topology = topology.with_nodes({r: point.nodes_per_region for r in topology.regions})
+    if point.extra_servers:
+        region = spec.server_region or next(iter(topology.regions))
+        topology = topology.with_nodes({region: topology.regions[region] + point.extra_servers})
+    rate = parse_rate_bit_s(point.rate) if point.rate else None
+    if point.delay_scale != 1.0 or rate is not None:
+        topology = topology.scaled(point.delay_scale, rate)
+    return topology
+
+
+def _uses_server_ranks(algorithm: str) -> bool:
+    """A parameter-server algorithm: its parameters say which ranks are servers."""
+    from trainers.algorithms import ALGORITHMS
+
+    return algorithm in ALGORITHMS and "server_ranks" in {f.name for f in dataclasses.fields(ALGORITHMS[algorithm].Params)}
+
+
+def _server_placement(topology: Topology, spec: ScenarioFile, point: NetworkPoint, params: dict,
+                      algorithm: str) -> tuple[NetworkPoint, dict]:
+    """Where a job runs: a parameter-server algorithm (without server_ranks of its own) gets one
+    extra node as its server when `servers: extra`; its rank goes into the params."""
+    if spec.servers != "extra" or "server_ranks" in params or not _uses_server_ranks(algorithm):
+        return point, params
+    point = dataclasses.replace(point, extra_servers=1)
+    region = spec.server_region or next(iter(topology.regions))
+    nodes = topology.regions[region] if not point.nodes_per_region else point.nodes_per_region
+    plan = make_plan(_topology_for(topology, spec, point))
+    return point, {**params, "server_ranks": [plan.node(f"{region}-{nodes}").rank]}
+
+
+def _merged(base: dict, override: dict) -> dict:
+    """`base` with `override` laid over it, mappings merged key by key (neither is changed)."""
+    merged = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merged(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def _nested(dotted: dict) -> dict:
+    """{"optimizer.momentum": 0.5} -> {"optimizer": {"momentum": 0.5}}."""
+    nested: dict = {}
+    for key, value in dotted.items():
+        *parents, leaf = key.split(".")
+        node = nested
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[leaf] = value
+    return nested
+
+
+def _trainer_config(spec: ScenarioFile, algorithm: str, params: dict, seed: int,
+                    workload: Optional[dict] = None) -> dict:
+    from trainers.loading import comm_backend_for
+
+    config = _merged(spec.workload, workload or {})
+    config["seed"] = seed
+    config["steps"] = spec.stop.steps
+    if spec.stop.time_budget_s is not None:
+        config["time_budget_s"] = spec.stop.time_budget_s
+    if spec.stop.target_accuracy is not None:
+        config["target_accuracy"] = spec.stop.target_accuracy
+    config["algorithm"] = {"name": algorithm, "params": params}
+    # The trainers' policy (a crash-tolerant algorithm gets the elastic comm when nodes crash);
+    # a workload that names a backend itself keeps it.
+    backend = comm_backend_for(algorithm, nodes_crash=any(event.kind == "node_crash" for event in spec.faults))
+    if backend is not None:
+        config.setdefault("comm", {}).setdefault("backend", backend)
+    return config
+
+
+def _check_trainer_config(source: str, field_prefix: str, config: dict) -> None:
+    """Validate with the trainers' own loader so the error names the scenario's field."""
+    from trainers.config import ConfigError as TrainerConfigError
+    from trainers.loading import load_config
+
+    try:
+        load_config({**config, "output_dir": "/nonexistent-check-only"})
+    except TrainerConfigError as exc:
+        trainer_field = exc.field
+        if trainer_field.startswith("algorithm"):
+            where = field_prefix + trainer_field[len("algorithm"):]
+        elif trainer_field in ("steps", "time_budget_s", "target_accuracy"):
+            where = f"stop.{trainer_field}"
+        elif trainer_field == "seed":
+            where = "seeds"
+        else:
+            where = f"workload.{trainer_field}" if trainer_field else "workload"
+        raise ConfigError(where, exc.message, source=source) from None
+
+
+def _check_faults(source: str, spec: ScenarioFile, topology: Topology) -> None:
+    """Fault targets must exist in the topology (at its largest node count) and traces must parse."""
+    counts = [n for n in spec.sweep.nodes_per_region if n] or [None]
+    for index, event in enumerate(spec.faults):
+        where = f"faults[{index}]"
+        if event.node is not None:
+            region, _, number = event.node.rpartition("-")
+            per_region = [n or topology.regions.get(region, 0) for n in counts]
+            if region not in topology.regions or not number.isdigit() or int(number) >= min(per_region):
+                raise ConfigError(f"{where}.node", f"no node {event.node!r} in every network of this scenario", source=source)
+        if event.between is not None or event.from_ is not None:
+            for region in (event.between or [event.from_, event.to]):
+                if region not in topology.regions:
+                    raise ConfigError(where, f"unknown region {region!r} (regions: {', '.join(topology.regions)})", source=source)
+        if event.kind == "trace":
+            path = Path(event.file) if Path(event.file).is_absolute() else Path(source).parent / event.file
+            try:
+                event.trace_rows = read_trace(path)  # read once; every job's timeline uses these rows
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"{where}.file", str(exc), source=source) from None
+
+
+def scenario_from_dict(data: dict, source: str) -> Scenario:
+    """Validate a parsed scenario document and expand it into jobs; ConfigError on any mistake."""
+    try:
+        spec = ScenarioFile.model_validate(data)
+    except pydantic.ValidationError as exc:
+        raise config_error_from_pydantic(source, exc) from None
+    topology = topology_from_document(data, source)  # `topology:` and `nodes:`, with the same errors
+    name = spec.name or Path(source).stem
+
+    _check_faults(source, spec, topology)
+    if spec.server_region is not None and spec.server_region not in topology.regions:
+        raise ConfigError("server_region", f"unknown region {spec.server_region!r} "
+                          f"(regions: {', '.join(topology.regions)})", source=source)
+    for label in spec.sweep.params:
+        if label not in [a.label or a.name for a in spec.algorithms]:
+            raise ConfigError(f"sweep.params.{label}", "no algorithm with this label or name", source=source)
+
+    points = [NetworkPoint(d, r, n) for d, r, n in itertools.product(
+        spec.sweep.delay_scale, spec.sweep.rate, spec.sweep.nodes_per_region)]
+    jobs: list[Job] = []
+    entries = spec.algorithms or [AlgorithmEntry(name="command", label="command")]
+    labels = [entry.label or entry.name for entry in entries]
+    for label in spec.sweep.workload:
+        if label not in labels:
+            raise ConfigError(f"sweep.workload.{label}", "no algorithm with this label or name", source=source)
+    for index, entry in enumerate(entries):
+        label = entry.label or entry.name
+        swept = spec.sweep.params.get(label, {})
+        variants = [dict(zip(swept, combo)) for combo in itertools.product(*swept.values())] or [{}]
+        tuning = spec.sweep.workload.get(label, {})
+        tunings = [dict(zip(tuning, combo)) for combo in itertools.product(*tuning.values())] or [{}]
+        for variant, tuned in itertools.product(variants, tunings):
+            params = {**entry.params, **variant}
+            workload = _merged(entry.workload, _nested(tuned))
+            variant_label = label + "".join(f"-{k.rsplit('.', 1)[-1]}{v}" for k, v in {**variant, **tuned}.items())
+            if spec.command is None:
+                _check_trainer_config(source, f"algorithms[{index}]",
+                                      _trainer_config(spec, entry.name, params, spec.seeds[0], workload))
+            for base_point in points:
+                point, placed = _server_placement(topology, spec, base_point, params, entry.name)
+                for seed in spec.seeds:
+                    job_id = f"{base_point.key}-{variant_label}-seed{seed}"
+                    jobs.append(Job(
+                        job_id=job_id, network=point, algorithm=entry.name, label=variant_label,
+                        seed=seed, params=placed,
+                        trainer_config=(_trainer_config(spec, entry.name, placed, seed, workload)
+                                        if spec.command is None else {}),
+                        command=spec.command, base_label=label, tuned=tuned))
+    labels_made = [job.label for job in jobs]
+    clash = sorted({x for x in labels_made if labels_made.count(x) > len(points) * len(spec.seeds)})
+    if clash:
+        raise ConfigError("sweep", f"two variants are both labelled {clash[0]!r}; give the algorithms distinct labels",
+                          source=source)
+    if len(jobs) > MAX_JOBS:
+        raise ConfigError("sweep", f"expands to {len(jobs)} runs, more than {MAX_JOBS}", source=source)
+    return Scenario(name=name, source_file=source, spec=spec, topology=topology, jobs=jobs)
+
+
+def load_scenario(path) -> Scenario:
+    """Read and validate a scenario file; ConfigError names the file and the field."""
+    return scenario_from_dict(load_yaml_mapping(path), str(path))

@@ -1,0 +1,131 @@
+"""Crash safety: `wanbench up`/`run` killed with SIGKILL at random moments, then `wanbench clean`.
+
+After each kill and clean, the system's own tools must show nothing of ours: no namespace
+(`ip netns list`), no link (`ip -o link`), no process whose command line names our state folder,
+no /etc/netns entry. Trials are bounded in number and time.
+"""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+TOPOLOGY = textwrap.dedent("""
+    name: crash
+    address_pool: 10.232.0.0/24
+    regions: {a: {nodes: 2}, b: {nodes: 2}, c: {nodes: 1}}
+    defaults: {rate: 100Mbit}
+    links:
+      - {between: [a, b], rtt: 20ms}
+      - {between: [a, c], rtt: 40ms}
+      - {between: [b, c], rtt: 60ms}
+""")
+UP_TRIALS = 20
+RUN_TRIALS = 3
+
+
+def leftovers(prefix: str) -> list[str]:
+    """Everything of ours the system still shows, by its own tools."""
+    found = []
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    found += [f"netns {line.split()[0]}" for line in netns.splitlines() if line.startswith(prefix + "-")]
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    found += [f"link {line.split(':')[1].strip()}" for line in links.splitlines()
+              if line.split(":")[1].strip().startswith(prefix)]
+    ps = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
+    marker = f"/run/wanbench/{prefix}/"
+    found += [f"process {line.strip()[:80]}" for line in ps.splitlines() if marker in line]
+    if Path("/etc/netns").exists():
+        found += [f"etc {p.name}" for p in Path("/etc/netns").glob(f"{prefix}-*")]
+    return found
+
+
+def wanbench_argv(*args):
+    return [sys.executable, "-m", "harness.cli", *args]
+
+
+def kill_at_random(argv, low_s, high_s, rng):
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(rng.uniform(low_s, high_s))
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    return proc.returncode
+
+
+def test_sigkill_during_up_then_clean(test_prefix, write_yaml):
+    topo = write_yaml(TOPOLOGY)
+    rng = random.Random(1234)
+    # Kill times are drawn within how long one whole `up` takes on this machine now (a fixed
+    # window let a fast, idle machine finish `up` before most kills).
+    started = time.monotonic()
+    subprocess.run(wanbench_argv("up", topo, "--backend", "tun"), check=True, capture_output=True, timeout=120)
+    up_s = time.monotonic() - started
+    subprocess.run(wanbench_argv("clean"), check=True, capture_output=True, timeout=60)
+    killed = 0
+    for trial in range(UP_TRIALS):
+        code = kill_at_random(wanbench_argv("up", topo, "--backend", "tun"), 0.0, 0.9 * up_s, rng)
+        killed += code == -signal.SIGKILL
+        subprocess.run(wanbench_argv("clean"), check=True, capture_output=True, timeout=60)
+        assert leftovers(test_prefix) == [], f"trial {trial}"
+    # most trials must really have been killed mid-way, or the test proves nothing
+    assert killed >= UP_TRIALS // 2, killed
+
+
+def test_sigkill_during_run_then_clean(test_prefix, write_yaml, tmp_path):
+    write_yaml(TOPOLOGY, "topo.yaml")
+    scenario = write_yaml(textwrap.dedent("""
+        topology: topo.yaml
+        backend: tun
+        workload: {model: {name: mlp}, dataset: {name: digits}, eval_every: 5}
+        stop: {steps: 200}
+        algorithms: [{name: sync}]
+        verify: {probes: 5}
+    """), "scenario.yaml")
+    rng = random.Random(99)
+    for trial in range(RUN_TRIALS):
+        code = kill_at_random(wanbench_argv("run", scenario, "--output", str(tmp_path / "runs")),
+                              2.0, 12.0, rng)
+        assert code == -signal.SIGKILL, "the run finished before the kill: make it longer"
+        subprocess.run(wanbench_argv("clean"), check=True, capture_output=True, timeout=60)
+        assert leftovers(test_prefix) == [], f"trial {trial}"
+    # a killed run is visibly incomplete
+    for run_dir in (tmp_path / "runs").glob("*/*"):
+        assert not (run_dir / "COMPLETE").exists()
+
+
+def test_sigterm_during_run_tears_down_and_keeps_records(test_prefix, write_yaml, tmp_path):
+    write_yaml(TOPOLOGY, "topo.yaml")
+    scenario = write_yaml(textwrap.dedent("""
+        topology: topo.yaml
+        backend: tun
+        workload: {model: {name: mlp}, dataset: {name: digits}, eval_every: 5}
+        stop: {steps: 100000}
+        algorithms: [{name: sync}]
+        verify: {enabled: false}
+    """), "scenario.yaml")
+    proc = subprocess.Popen(wanbench_argv("run", scenario, "--output", str(tmp_path / "runs")),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    records = []
+    while time.monotonic() < deadline and not records:
+        records = [p for p in (tmp_path / "runs").glob("*/*/jobs/*/rank0.jsonl")
+                   if '"kind": "step"' in p.read_text()]
+        time.sleep(0.5)
+    assert records, "training never started"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    assert leftovers(test_prefix) == []  # torn down without `clean`
+    run_dir = records[0].parents[2]
+    assert (run_dir / "INTERRUPTED").exists()
+    assert '"kind": "step"' in records[0].read_text()  # records written so far are kept

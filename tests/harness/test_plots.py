@@ -1,0 +1,133 @@
+"""Every figure function: a Figure with unit-labelled axes, a title, one line per algorithm, and a
+clear note (not a crash) for a single sweep point or no data."""
+
+from __future__ import annotations
+
+
+import pandas as pd
+import pytest
+from matplotlib.figure import Figure
+from tests.harness.test_report import FakeJob, sync_and_dts, write_run
+
+from harness import plots
+from harness.report import load_results
+
+
+
+def has_unit(label: str) -> bool:
+    return any(unit in label for unit in ("(ms)", "(s)", "nats", "Mbit/s", "B,", "×", "fraction", "steps/s", "s/s"))
+
+
+def data_lines(ax) -> list:
+    """Lines that carry data (not the y=1 / x=1 reference lines)."""
+    return plots.series_lines(ax)
+
+
+def notes(figure: Figure) -> str:
+    return " ".join(text.get_text() for ax in figure.axes for text in ax.texts)
+
+
+def check_figure(figure: Figure):
+    assert isinstance(figure, Figure)
+    assert figure.get_suptitle()
+    assert tuple(figure.get_size_inches())[1] == pytest.approx(4.5) and figure.dpi == plots.DPI
+    for ax in figure.axes:
+        assert has_unit(ax.get_xlabel()), ax.get_xlabel()
+        assert has_unit(ax.get_ylabel()), ax.get_ylabel()
+        assert ax.xaxis.label.get_size() >= 10 and ax.yaxis.label.get_size() >= 10
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """sync, dts, local_sgd at three delay scales x two rates, two seeds."""
+    root = tmp_path_factory.mktemp("runs")
+    jobs = []
+    for scale in (0.5, 1.0, 2.0):
+        for rate in ("10Mbit", "100Mbit"):
+            for seed in (0, 1):
+                common = dict(delay_scale=scale, rate=rate, seed=seed)
+                jobs += [FakeJob("sync", step_time_s=0.2 + scale, evals={4: 0.5, 9: 0.92}, **common),
+                         FakeJob("dts", step_time_s=0.3 + 0.1 * scale, bytes_per_step=250, blocked_s=0.05,
+                                 evals={4: 0.91, 9: 0.93}, **common),
+                         FakeJob("local_sgd", step_time_s=0.4, bytes_per_step=125, blocked_s=0.02,
+                                 evals={4: 0.8, 9: 0.91}, **common)]
+    return load_results([write_run(root, jobs)])
+
+
+def test_same_colour_for_an_algorithm_everywhere(sweep):
+    assert plots.color_for("sync") == plots.PALETTE["sync"]
+    assert plots.color_for("my-new-algo") == plots.color_for("my-new-algo")
+    latency = plots.speedup_vs_latency(sweep.summary)
+    bandwidth = plots.throughput_vs_bandwidth(sweep.summary)
+    colours = {str(l.get_label()).split(",")[0]: l.get_color() for f in (latency, bandwidth)
+               for ax in f.axes for l in data_lines(ax)}
+    assert colours["dts"] == plots.PALETTE["dts"] and colours["local_sgd"] == plots.PALETTE["local_sgd"]
+
+
+def test_loss_accuracy_vs_time(sweep):
+    steps = sweep.steps[sweep.steps["network"] == "delay1-rate10Mbit"]
+    evals = sweep.evals[sweep.evals["network"] == "delay1-rate10Mbit"]
+    figure = plots.loss_accuracy_vs_time(steps, evals, title="t", target_accuracy=0.9)
+    check_figure(figure)
+    loss_ax, acc_ax = figure.axes
+    assert len(data_lines(loss_ax)) == 3 * 2  # three algorithms x two seeds
+    assert len(data_lines(acc_ax)) == 3 * 2
+    assert {t.get_text() for t in loss_ax.get_legend().get_texts()} == {"sync", "dts", "local_sgd"}
+
+
+def test_speedup_vs_latency(sweep):
+    figure = plots.speedup_vs_latency(sweep.summary)
+    check_figure(figure)
+    for ax in figure.axes:
+        assert "RTT (ms)" in ax.get_xlabel()
+        # dts and local_sgd, once per rate (sync is the reference line at 1)
+        assert len(data_lines(ax)) == 2 * 2
+    dts = [l for l in data_lines(figure.axes[0]) if l.get_label() == "dts, 10 Mbit/s"][0]
+    assert list(dts.get_xdata()) == pytest.approx([50.0, 100.0, 200.0])
+
+
+def test_throughput_vs_bandwidth(sweep):
+    figure = plots.throughput_vs_bandwidth(sweep.summary, samples_per_step=64)
+    check_figure(figure)
+    (ax,) = figure.axes
+    assert "Mbit/s" in ax.get_xlabel() and "samples/s" in ax.get_ylabel()
+    assert len(data_lines(ax)) == 3 * 3  # three algorithms, split by the three RTTs
+
+
+def test_accuracy_vs_bytes(sweep):
+    figure = plots.accuracy_vs_bytes(sweep.summary)
+    check_figure(figure)
+    (ax,) = figure.axes
+    assert ax.get_xscale() == "log" and "kB" in ax.get_xlabel()
+    assert len(data_lines(ax)) == 3
+
+
+def test_async_vs_sync(sweep):
+    ratios = plots.compute_comm_ratio(sweep.steps)
+    row = ratios[(ratios["network"] == "delay1-rate10Mbit") & (ratios["seed"] == 0)].iloc[0]
+    assert row["compute_comm_ratio"] == pytest.approx((1.2 - 0.4) / 0.4)
+    figure = plots.async_vs_sync(sweep.summary, sweep.steps)
+    check_figure(figure)
+    assert len(data_lines(figure.axes[0])) == 2
+
+
+def test_single_sweep_point_still_draws_markers(tmp_path):
+    results = load_results([write_run(tmp_path, sync_and_dts(rate="100Mbit"))])
+    for figure in (plots.speedup_vs_latency(results.summary), plots.throughput_vs_bandwidth(results.summary),
+                   plots.async_vs_sync(results.summary, results.steps)):
+        check_figure(figure)
+        assert plots.ONE_POINT_NOTE in notes(figure)
+        for ax in figure.axes:
+            for line in data_lines(ax):
+                assert line.get_marker() not in (None, "None", "") and len(line.get_xdata()) == 1
+
+
+def test_empty_inputs_give_a_labelled_figure_with_a_note():
+    empty = pd.DataFrame(columns=["network", "delay_scale", "rate", "algorithm", "label", "seed", "status",
+                                  "final_accuracy", "steps_per_s", "speedup_vs_sync", "throughput_speedup_vs_sync",
+                                  "bytes_sent_per_node"])
+    for figure in (plots.speedup_vs_latency(empty), plots.throughput_vs_bandwidth(empty),
+                   plots.accuracy_vs_bytes(empty), plots.async_vs_sync(empty, pd.DataFrame()),
+                   plots.loss_accuracy_vs_time(pd.DataFrame(), pd.DataFrame())):
+        check_figure(figure)
+        assert "no " in notes(figure)

@@ -1,0 +1,291 @@
+"""Results tables and `wanbench report` on synthetic run directories with hand-computed answers.
+
+`write_run` builds a run directory exactly as harness/run.py and trainers/runner.py write one
+(scenario.json from the real schema, plan.json from the real planner, job.json, rank<N>.jsonl
+with start/step/eval/status records); test_plots, test_regress and test_notebooks use it too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import pandas as pd
+import pytest
+
+from harness import cli
+from emulator.plan import make_plan
+from harness.report import load_results, network_axes, write_report
+from harness.results import load_run, summarize
+from harness.scenario import Job, NetworkPoint, ScenarioFile, load_scenario
+from emulator.schema import ConfigError
+from emulator.topology import topology_from_dict
+
+TOPOLOGY = {"name": "two-region", "regions": {"east": {"nodes": 1}, "west": {"nodes": 1}},
+            "links": [{"between": ["east", "west"], "rtt": "100ms", "rate": "100Mbit"}]}
+
+
+@dataclass
+class FakeJob:
+    """What one synthetic job did: every rank steps every `step_time_s`, rank 0 evaluates."""
+
+    algorithm: str
+    label: Optional[str] = None
+    seed: int = 0
+    delay_scale: float = 1.0
+    rate: Optional[str] = None
+    steps: int = 10
+    step_time_s: float = 1.0
+    start_s: float = 0.5                 # time_s of the start record (rendezvous before it)
+    bytes_per_step: int = 1000           # sent per rank per step
+    blocked_s: Optional[float] = 0.4     # comm_blocked_s per step (None: not measured)
+    evals: dict = field(default_factory=dict)  # step -> accuracy
+    status: Optional[str] = "ok"         # None: no job.json (the job never finished)
+    nodes: int = 2
+    staleness: Optional[int] = None
+    transport: Optional[str] = None      # the start records' all-reduce transport (None: not written)
+
+    @property
+    def network(self) -> NetworkPoint:
+        return NetworkPoint(self.delay_scale, self.rate, None)
+
+    @property
+    def name(self) -> str:
+        return self.label or self.algorithm
+
+
+def _rank_records(job: FakeJob, rank: int) -> list[dict]:
+    def stamp(kind, time_s, **fields):
+        return {"kind": kind, "rank": rank, "time_unix": 1.7e9 + time_s, "time_s": time_s, **fields}
+
+    records = [stamp("start", job.start_s, world_size=job.nodes, algorithm=job.algorithm, model="mlp",
+                     dataset="digits", host="test", python="3.11", torch="2.x", device="cpu", backend="gloo",
+                     **({"transport": job.transport} if job.transport else {}))]
+    total = 0
+    for step in range(job.steps):
+        time_s = job.start_s + (step + 1) * job.step_time_s
+        total += job.bytes_per_step
+        blocked = job.blocked_s
+        records.append(stamp("step", time_s, step=step, epoch=step / 50, loss=2.0 / (1 + step), lr=0.1,
+                             step_s=job.step_time_s,
+                             compute_s=None if blocked is None else job.step_time_s - blocked,
+                             comm_blocked_s=blocked, bytes_sent=job.bytes_per_step, bytes_recv=job.bytes_per_step,
+                             bytes_sent_total=total, bytes_recv_total=total, staleness=job.staleness))
+        if step in job.evals:
+            if rank == 0:
+                records.append(stamp("eval", time_s, step=step, accuracy=job.evals[step],
+                                     loss=1.0 - job.evals[step], eval_s=0.01, eval_bytes_sent=0, eval_bytes_recv=0))
+    records.append(stamp("status", job.start_s + job.steps * job.step_time_s + 0.01, status="ok",
+                         steps=job.steps, stop_reason="steps"))
+    return records
+
+
+def write_run(root, jobs: list[FakeJob], *, name: str = "synthetic", run_id: str = "20250101-000000",
+              target_accuracy: Optional[float] = 0.9, complete: bool = True, stop: Optional[dict] = None) -> Path:
+    """A run directory under root/<name>/<run_id> in the layout of harness/run.py."""
+    run_dir = Path(root) / name / run_id
+    run_dir.mkdir(parents=True)
+    spec = ScenarioFile.model_validate({
+        "name": name, "topology": TOPOLOGY, "workload": {"model": {"name": "mlp"}, "dataset": {"name": "digits"}},
+        "stop": {"steps": max(j.steps for j in jobs), "target_accuracy": target_accuracy, **(stop or {})},
+        "algorithms": [{"name": a, "label": l} for a, l in dict.fromkeys((j.algorithm, j.name) for j in jobs)]})
+    scenario_jobs = [Job(job_id=f"{j.network.key}-{j.name}-seed{j.seed}", network=j.network, algorithm=j.algorithm,
+                         label=j.name, seed=j.seed) for j in jobs]
+    (run_dir / "scenario.json").write_text(json.dumps({
+        "name": name, "source_file": f"scenarios/{name}.yaml", "spec": spec.model_dump(),
+        "jobs": [dataclasses.asdict(j) for j in scenario_jobs]}, indent=1, default=str))
+    (run_dir / "environment.json").write_text(json.dumps({
+        "date": "2025-01-01T00:00:00+00:00", "backend": "tc", "kernel": "6.1", "python": "3.11.2",
+        "torch": "2.x", "cpu": "Test CPU", "cpu_count": 4, "gpu": None, "git_commit": "0" * 40,
+        "git_dirty": False}))
+    topology = topology_from_dict(TOPOLOGY, source="test")
+    for point in dict.fromkeys(j.network for j in jobs):
+        from emulator.units import parse_rate_bit_s
+
+        scaled = topology.scaled(point.delay_scale, parse_rate_bit_s(point.rate) if point.rate else None)
+        (run_dir / point.key).mkdir()
+        (run_dir / point.key / "plan.json").write_text(make_plan(scaled).to_json())
+    for job, scenario_job in zip(jobs, scenario_jobs):
+        job_dir = run_dir / "jobs" / scenario_job.job_id
+        job_dir.mkdir(parents=True)
+        for rank in range(job.nodes):
+            lines = [json.dumps(r) for r in _rank_records(job, rank)]
+            (job_dir / f"rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
+        if job.status is not None:
+            (job_dir / "job.json").write_text(json.dumps({
+                "job_id": scenario_job.job_id, "status": job.status, "wall_s": job.steps * job.step_time_s + 2,
+                "reason": "", "label": job.name, "algorithm": job.algorithm, "seed": job.seed,
+                "network": dataclasses.asdict(job.network), "network_key": job.network.key, "params": {},
+                "nodes": job.nodes}))
+    if complete:
+        (run_dir / "COMPLETE").write_text("2025-01-01T00:10:00")
+    return run_dir
+
+
+def sync_and_dts(**overrides) -> list[FakeJob]:
+    """sync: 1 s/step, reaches 0.92 at step 9 (10 s); dts: 0.5 s/step, reaches 0.91 at step 4 (2.5 s)."""
+    return [FakeJob("sync", evals={4: 0.5, 9: 0.92}, **overrides),
+            FakeJob("dts", step_time_s=0.5, bytes_per_step=250, blocked_s=0.05, evals={4: 0.91, 9: 0.93}, **overrides)]
+
+
+def test_transport_column_comes_from_the_start_records(tmp_path):
+    jobs = [FakeJob("sync", transport="gloo"), FakeJob("sync", label="sync-ours", transport="ours:auto"),
+            FakeJob("dts")]  # a run made before the start record named its transport
+    table = summarize(load_run(write_run(tmp_path, jobs))).set_index("label")
+    assert table.loc["sync", "transport"] == "gloo"
+    assert table.loc["sync-ours", "transport"] == "ours:auto"
+    assert pd.isna(table.loc["dts", "transport"])
+
+
+def test_summarize_matches_hand_computed_values(tmp_path):
+    run_dir = write_run(tmp_path, sync_and_dts())
+    table = summarize(load_run(run_dir)).set_index("label")
+    sync, dts = table.loc["sync"], table.loc["dts"]
+    # train_time_s counts from the first step's start (0.5 s): step 4 of sync ends at 5 s (0.5),
+    # step 9 at 10 s (0.92); the target 0.9 is crossed between them, at 5 + 0.4 / 0.42 * 5 s.
+    assert sync["time_to_target_s"] == pytest.approx(5 + 0.4 / 0.42 * 5)
+    assert dts["time_to_target_s"] == pytest.approx(2.5)  # the first evaluation is already past it
+    assert dts["speedup_vs_sync"] == pytest.approx((5 + 0.4 / 0.42 * 5) / 2.5)
+    assert sync["speedup_vs_sync"] == pytest.approx(1.0)
+    assert sync["steps_per_s"] == pytest.approx(1.0)
+    assert dts["steps_per_s"] == pytest.approx(2.0)
+    assert dts["throughput_speedup_vs_sync"] == pytest.approx(2.0)
+    assert dts["accuracy_delta_vs_sync"] == pytest.approx(0.01)
+    assert sync["bytes_sent_per_node"] == pytest.approx(10_000)
+    assert dts["bytes_sent_per_node"] == pytest.approx(2_500)
+    assert dts["bytes_per_step_per_node"] == pytest.approx(250)
+    assert sync["comm_blocked_fraction"] == pytest.approx(0.4)
+    assert dts["comm_blocked_fraction"] == pytest.approx(0.1)
+    assert sync["final_accuracy"] == pytest.approx(0.92) and sync["best_accuracy"] == pytest.approx(0.92)
+
+
+def test_accuracy_at_equal_budgets_and_the_delta_taken_there(tmp_path):
+    """Budgets: steps done (an eval record's step is the last step's index) and training time; the
+    value is the last evaluation within the budget, and none for a job that ended before it."""
+    jobs = [FakeJob("sync", evals={4: 0.5, 9: 0.92, 19: 0.95}, steps=20),
+            FakeJob("dts", step_time_s=0.5, evals={4: 0.91, 9: 0.93, 19: 0.96}, steps=20),
+            FakeJob("local_sgd", label="short", evals={4: 0.7}, steps=5)]
+    run_dir = write_run(tmp_path, jobs, stop={"budget_steps": 10, "budget_time_s": 6.0})
+    table = summarize(load_run(run_dir)).set_index("label")
+    assert table.loc["sync", "accuracy_at_step_budget"] == pytest.approx(0.92)  # step 9 = 10 steps done
+    assert table.loc["dts", "accuracy_at_step_budget"] == pytest.approx(0.93)
+    # 6 s of training: sync's step 4 ended at 5 s, dts's step 9 at 5 s (0.5 s a step)
+    assert table.loc["sync", "accuracy_at_time_budget"] == pytest.approx(0.5)
+    assert table.loc["dts", "accuracy_at_time_budget"] == pytest.approx(0.93)
+    assert pd.isna(table.loc["short", "accuracy_at_step_budget"])  # stopped after 5 steps
+    # the delta against sync is taken at the step budget, not at the end (0.96 - 0.95)
+    assert table.loc["dts", "accuracy_delta_vs_sync"] == pytest.approx(0.01)
+    assert table.loc["dts", "final_accuracy"] == pytest.approx(0.96)
+
+
+def test_budget_beyond_the_run_is_refused(write_yaml):
+    path = write_yaml("topology: lan.yaml\nalgorithms: [{name: sync}]\nstop: {steps: 100, budget_steps: 200}\n",
+                      "s.yaml")
+    with pytest.raises(ConfigError, match="budget_steps 200 is more than steps 100"):
+        load_scenario(path)
+
+
+def test_wire_bytes_come_from_the_backend_counters(tmp_path):
+    run_dir = write_run(tmp_path, sync_and_dts())
+    job_dir = next((run_dir / "jobs").glob("*-sync-*"))
+    (job_dir / "wire.json").write_text(json.dumps({"nodes": {"a-0": {"bytes_sent": 12_000}, "b-0": {"bytes_sent": 14_000}}}))
+    table = summarize(load_run(run_dir)).set_index("label")
+    assert table.loc["sync", "wire_bytes_per_node"] == pytest.approx(13_000)
+    assert table.loc["sync", "wire_overhead"] == pytest.approx(13_000 / 10_000 - 1)
+    assert pd.isna(table.loc["dts", "wire_bytes_per_node"])  # no counters: no wire figure, not zero
+
+
+def test_target_never_reached_leaves_speedup_empty(tmp_path):
+    jobs = [FakeJob("sync", evals={9: 0.5}), FakeJob("dts", evals={9: 0.95})]
+    table = summarize(load_run(write_run(tmp_path, jobs))).set_index("label")
+    assert pd.isna(table.loc["sync", "time_to_target_s"])
+    assert pd.isna(table.loc["dts", "speedup_vs_sync"])
+    assert table.loc["dts", "throughput_speedup_vs_sync"] == pytest.approx(1.0)
+
+
+def test_load_run_train_time_counts_from_start_record(tmp_path):
+    frames = load_run(write_run(tmp_path, sync_and_dts()))
+    first = frames.steps[(frames.steps["label"] == "sync") & (frames.steps["rank"] == 0)].sort_values("step").iloc[0]
+    assert first["time_s"] == pytest.approx(1.5)
+    assert first["train_time_s"] == pytest.approx(1.0)
+    assert frames.complete and frames.target_accuracy == 0.9
+
+
+def test_network_axes_from_plan(tmp_path):
+    jobs = [FakeJob("sync", delay_scale=s, rate="10Mbit", evals={9: 0.9}) for s in (0.5, 2.0)]
+    axes = network_axes(write_run(tmp_path, jobs)).set_index("network")
+    assert axes.loc["delay0.5-rate10Mbit", "mean_rtt_ms"] == pytest.approx(50.0)
+    assert axes.loc["delay2-rate10Mbit", "mean_rtt_ms"] == pytest.approx(200.0)
+    assert axes.loc["delay2-rate10Mbit", "rate_bit_s"] == pytest.approx(10e6)
+
+
+def test_report_writes_markdown_csv_and_figures(tmp_path):
+    run_a = write_run(tmp_path / "runs", [*sync_and_dts(delay_scale=0.5, rate="10Mbit"),
+                                          *sync_and_dts(delay_scale=2.0, rate="100Mbit")])
+    run_b = write_run(tmp_path / "runs", sync_and_dts(), name="other")
+    outcome = write_report([run_a, run_b], tmp_path / "out")
+    markdown = outcome.markdown.read_text()
+    assert "INCOMPLETE" not in markdown
+    assert "synthetic/20250101-000000" in markdown and "| network |" in markdown.replace("| run |", "")
+    for name in ("speedup_vs_latency", "throughput_vs_bandwidth", "accuracy_vs_bytes", "async_vs_sync"):
+        assert (tmp_path / "out" / "figures" / f"{name}.png").stat().st_size > 1000
+        assert (tmp_path / "out" / "figures" / f"{name}.svg").is_file()
+        assert f"figures/{name}.png" in markdown
+    combined = pd.read_csv(outcome.combined_csv)
+    assert len(combined) == 6 and set(combined["run"]) == {"synthetic/20250101-000000", "other/20250101-000000"}
+    assert len(outcome.run_csvs) == 2 and all(p.is_file() for p in outcome.run_csvs)
+    assert outcome.skipped_figures == {}
+    progress = sorted((tmp_path / "out" / "figures").glob("progress-*.png"))
+    assert len(progress) == 3  # two network points of run a, one of run b
+
+
+def test_incomplete_run_is_flagged_and_left_out_of_comparisons(tmp_path):
+    complete = write_run(tmp_path / "runs", sync_and_dts())
+    jobs = sync_and_dts()
+    jobs[1].status = None  # dts never wrote job.json
+    partial = write_run(tmp_path / "runs", jobs, name="crashed", complete=False)
+    outcome = write_report([complete, partial], tmp_path / "out")
+    markdown = outcome.markdown.read_text()
+    assert f"INCOMPLETE run: {partial}" in markdown
+    assert [run.path for run in outcome.incomplete] == [partial]
+    assert "status **incomplete**" in markdown
+    results = load_results([complete, partial])
+    assert set(results.comparable()["run"]) == {"synthetic/20250101-000000"}
+    assert list((tmp_path / "out" / "figures").glob("progress-crashed-*.png"))
+
+
+def test_unswept_rate_skips_the_bandwidth_figure_and_says_why(tmp_path):
+    outcome = write_report([write_run(tmp_path / "runs", sync_and_dts())], tmp_path / "out")
+    assert "not swept" in outcome.skipped_figures["throughput_vs_bandwidth"]
+    assert "`throughput_vs_bandwidth` not drawn: the link rate was not swept" in outcome.markdown.read_text()
+    assert (tmp_path / "out" / "figures" / "speedup_vs_latency.png").is_file()
+
+
+def test_interrupted_run_says_why(tmp_path):
+    run_dir = write_run(tmp_path / "runs", sync_and_dts(), complete=False)
+    (run_dir / "INTERRUPTED").write_text("Interrupted: SIGTERM\n")
+    markdown = write_report([run_dir], tmp_path / "out").markdown.read_text()
+    assert "INCOMPLETE run" in markdown and "Interrupted: SIGTERM" in markdown
+
+
+def test_report_cli(tmp_path, capsys):
+    run_dir = write_run(tmp_path / "runs", sync_and_dts(), complete=False)
+    assert cli.main(["report", str(run_dir), "--out", str(tmp_path / "out")]) == 0
+    captured = capsys.readouterr()
+    assert "INCOMPLETE run" in captured.err
+    assert (tmp_path / "out" / "report.md").is_file()
+
+
+@pytest.mark.parametrize("make", ["missing", "file", "folder"])
+def test_report_cli_rejects_a_non_run_directory(tmp_path, capsys, make):
+    path = tmp_path / "thing"
+    if make == "file":
+        path.write_text("hello")
+    elif make == "folder":
+        path.mkdir()
+    assert cli.main(["report", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(path) in err

@@ -1,0 +1,123 @@
+"""Scenario expansion: per-algorithm workload settings and tuning sweeps become jobs."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from emulator.schema import ConfigError
+from harness.results import load_run, summarize
+from emulator.plan import make_plan
+from harness.scenario import load_scenario
+from tests.harness.test_report import FakeJob, write_run
+
+SCENARIO = """
+topology: lan.yaml
+workload:
+  model: {name: mlp}
+  dataset: {name: digits}
+  lr: 0.1
+  optimizer: {name: sgd, momentum: 0.9}
+algorithms:
+  - {name: sync}
+  - {name: async_ps, workload: {lr: 0.02, optimizer: {momentum: 0.5}}}
+  - {name: local_sgd, label: local, params: {H: 4}}
+sweep:
+  workload: {local: {lr: [0.05, 0.2], optimizer.momentum: [0.0, 0.9]}}
+"""
+
+
+def test_an_algorithm_gets_its_own_workload_settings(write_yaml):
+    jobs = {job.label: job for job in load_scenario(write_yaml(SCENARIO, "s.yaml")).jobs}
+    assert jobs["sync"].trainer_config["lr"] == 0.1
+    ps = jobs["async_ps"].trainer_config
+    # merged key by key: momentum changed, the optimizer's name kept
+    assert ps["lr"] == 0.02 and ps["optimizer"] == {"name": "sgd", "momentum": 0.5}
+
+
+def test_a_tuning_sweep_makes_one_labelled_job_per_combination(write_yaml):
+    jobs = [job for job in load_scenario(write_yaml(SCENARIO, "s.yaml")).jobs if job.base_label == "local"]
+    assert sorted(job.label for job in jobs) == ["local-lr0.05-momentum0.0", "local-lr0.05-momentum0.9",
+                                                 "local-lr0.2-momentum0.0", "local-lr0.2-momentum0.9"]
+    for job in jobs:
+        assert job.trainer_config["lr"] == job.tuned["lr"]
+        assert job.trainer_config["optimizer"]["momentum"] == job.tuned["optimizer.momentum"]
+        assert job.trainer_config["algorithm"]["params"] == {"H": 4}
+
+
+def test_a_tuning_sweep_of_an_unknown_label_is_refused(write_yaml):
+    path = write_yaml(SCENARIO.replace("workload: {local:", "workload: {lokal:"), "s.yaml")
+    with pytest.raises(ConfigError, match="sweep.workload.lokal: no algorithm with this label"):
+        load_scenario(path)
+
+
+def test_the_summary_marks_the_best_variant_of_a_tuning_sweep(tmp_path):
+    jobs = [FakeJob("sync", evals={9: 0.9}),
+            FakeJob("local_sgd", label="local-lr0.05", evals={9: 0.8}),
+            FakeJob("local_sgd", label="local-lr0.2", evals={9: 0.95})]
+    run_dir = write_run(tmp_path, jobs)
+    for job_dir in (run_dir / "jobs").glob("*local*"):
+        info = json.loads((job_dir / "job.json").read_text())
+        lr = float(info["label"].rsplit("lr", 1)[1])
+        (job_dir / "job.json").write_text(json.dumps({**info, "base_label": "local", "tuned": {"lr": lr}}))
+    table = summarize(load_run(run_dir)).set_index("label")
+    assert table.loc["local-lr0.2", "sweep_best"] is True and table.loc["local-lr0.05", "sweep_best"] is False
+    assert table.loc["local-lr0.2", "tuned"] == "lr=0.2"
+    assert pd.isna(table.loc["sync", "sweep_best"])  # not part of a tuning sweep
+
+
+PS_SCENARIO = """
+topology: aws-4region.yaml
+workload: {model: {name: mlp}, dataset: {name: digits}}
+algorithms: [{name: sync}, {name: async_ps}, {name: eawild, params: {server_ranks: [0]}}]
+sweep: {nodes_per_region: [null, 2]}
+"""
+
+
+def test_a_parameter_server_gets_an_extra_node_so_it_has_as_many_workers_as_sync(write_yaml):
+    scenario = load_scenario(write_yaml(PS_SCENARIO, "ps.yaml"))
+    jobs = {(job.label, job.network.nodes_per_region): job for job in scenario.jobs}
+    ps = jobs[("async_ps", None)]
+    assert ps.network.extra_servers == 1 and ps.network.key == jobs[("sync", None)].network.key
+    plan = make_plan(scenario.topology_for(ps.network))
+    assert len(plan.nodes) == 5  # 4 workers, as many as sync's 4 ranks, plus the server
+    server = plan.nodes[ps.params["server_ranks"][0]]
+    assert server.name == "london-1"  # the first region's new node
+    assert ps.trainer_config["algorithm"]["params"]["server_ranks"] == ps.params["server_ranks"]
+    bigger = jobs[("async_ps", 2)]
+    assert plan_node_names(scenario, bigger)[bigger.params["server_ranks"][0]] == "london-2"
+    # server_ranks given by the user: it shares a worker's node, as asked
+    assert jobs[("eawild", None)].network.extra_servers == 0
+    assert {p.folder for p in scenario.network_points()} == {"delay1", "delay1-ps1", "delay1-n2", "delay1-n2-ps1"}
+
+
+def plan_node_names(scenario, job):
+    return [node.name for node in make_plan(scenario.topology_for(job.network)).nodes]
+
+
+def test_servers_shared_keeps_the_node_count(write_yaml):
+    scenario = load_scenario(write_yaml(PS_SCENARIO + "servers: shared\n", "ps.yaml"))
+    assert all(job.network.extra_servers == 0 for job in scenario.jobs)
+
+
+def test_the_summary_counts_workers_and_servers_apart(tmp_path):
+    jobs = [FakeJob("sync", evals={9: 0.9}, nodes=2), FakeJob("async_ps", evals={9: 0.9}, nodes=3)]
+    run_dir = write_run(tmp_path, jobs)
+    job_dir = next((run_dir / "jobs").glob("*async_ps*"))
+    info = json.loads((job_dir / "job.json").read_text())
+    (job_dir / "job.json").write_text(json.dumps({**info, "params": {"server_ranks": [2]}}))
+    # the server sends more per step than a worker
+    lines = [json.loads(line) for line in (job_dir / "rank2.jsonl").read_text().splitlines()]
+    for record in lines:
+        if record["kind"] == "step":
+            record["bytes_sent"] = 5000
+            record["comm_blocked_s"] = 0.9
+    (job_dir / "rank2.jsonl").write_text("\n".join(json.dumps(r) for r in lines) + "\n")
+    (job_dir / "wire.json").write_text(json.dumps({"nodes": {
+        "a-0": {"rank": 0, "bytes_sent": 1100}, "b-0": {"rank": 1, "bytes_sent": 1300}, "a-1": {"rank": 2, "bytes_sent": 6000}}}))
+    row = summarize(load_run(run_dir)).set_index("label").loc["async_ps"]
+    assert row["workers"] == 2 and row["servers"] == 1
+    assert row["bytes_sent_per_node"] == pytest.approx(10 * 1000)  # workers only
+    assert row["server_bytes_sent_per_node"] == pytest.approx(10 * 5000)
+    assert row["comm_blocked_fraction"] == pytest.approx(0.4)  # the server's 0.9 s waits are not counted
+    assert row["wire_bytes_per_node"] == pytest.approx(1200) and row["server_wire_bytes_per_node"] == pytest.approx(6000)

@@ -1,0 +1,110 @@
+"""Loading a run configuration: read the file, apply overrides, check it against the registries.
+
+``trainers.config`` holds the plain dataclass tree and its checks, and imports no component;
+this module resolves the free-form ``params`` of the model, dataset and algorithm against their
+owners' ``Params`` dataclasses (so it imports the registries, which import ``config``: imports run
+one way). The rule that ties the comm backend to the algorithm's crash tolerance is written here
+once; the harness asks it instead of repeating it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional
+
+from trainers import datasets, models
+from trainers.algorithms import ALGORITHMS, get_algorithm
+from trainers.config import Config, ConfigError, from_dict, to_dict
+
+# The comm backend that survives a peer's crash and admits restarted ranks (trainers/comm_tcp.py).
+ELASTIC_COMM_BACKEND = "tcp"
+
+
+def tolerates_crash(algorithm: str) -> bool:
+    """Whether the registered algorithm ``algorithm`` goes on without a crashed rank (False if unknown)."""
+    return algorithm in ALGORITHMS and ALGORITHMS[algorithm].tolerates_crash
+
+
+def comm_backend_for(algorithm: str, nodes_crash: bool) -> Optional[str]:
+    """The comm backend a job of ``algorithm`` should get, or None for the config's own choice.
+
+    Policy: when the scenario crashes nodes, an algorithm that can go on without a crashed rank
+    runs on the elastic comm (the others keep their collectives and fail clearly).
+    """
+    return ELASTIC_COMM_BACKEND if nodes_crash and tolerates_crash(algorithm) else None
+
+
+def uses_elastic_comm(config: Config | Mapping[str, Any]) -> bool:
+    """Whether a run (a Config, or its dict form) is on the elastic comm: it goes on without a
+    crashed rank and takes a restarted one back."""
+    if isinstance(config, Config):
+        backend = config.comm.backend
+    else:
+        backend = (config.get("comm") or {}).get("backend")
+    return backend == ELASTIC_COMM_BACKEND
+
+
+def check_comm_backend(config: Config) -> None:
+    """ConfigError unless the elastic comm, if asked for, carries a crash-tolerant algorithm."""
+    if uses_elastic_comm(config) and not tolerates_crash(config.algorithm.name):
+        tolerant = sorted(name for name, cls in ALGORITHMS.items() if cls.tolerates_crash)
+        raise ConfigError("comm.backend", f"{ELASTIC_COMM_BACKEND} is for the crash-tolerant algorithms {tolerant}; "
+                          f"{config.algorithm.name} needs every rank in every collective (use gloo or nccl)")
+
+
+def resolve(config: Config) -> Config:
+    """Check model, dataset and algorithm params against their owners' Params and fill defaults.
+
+    Returns the same config with ``params`` dicts replaced by their fully resolved form.
+    """
+    algorithm_cls = _lookup("algorithm.name", config.algorithm.name, get_algorithm)
+    config.algorithm.params = to_dict(from_dict(algorithm_cls.Params, config.algorithm.params, "algorithm.params"))
+    model_entry = _lookup("model.name", config.model.name, models.get_model_entry)
+    config.model.params = to_dict(from_dict(model_entry.Params, config.model.params, "model.params"))
+    dataset_entry = _lookup("dataset.name", config.dataset.name, datasets.get_dataset_entry)
+    config.dataset.params = to_dict(from_dict(dataset_entry.Params, config.dataset.params, "dataset.params"))
+    if model_entry.input_kind != dataset_entry.kind:
+        raise ConfigError(
+            "model.name",
+            f"{config.model.name!r} takes {model_entry.input_kind} inputs but dataset "
+            f"{config.dataset.name!r} provides {dataset_entry.kind}",
+        )
+    check_comm_backend(config)
+    return config
+
+
+def _lookup(field: str, name: str, getter: Callable[[str], Any]) -> Any:
+    try:
+        return getter(name)
+    except KeyError as error:
+        raise ConfigError(field, str(error.args[0])) from None
+
+
+def load_config(source: str | Path | dict, overrides: dict | None = None) -> Config:
+    """Read a YAML or JSON file (or a dict), apply ``overrides`` and return the resolved Config.
+
+    Args:
+        source: path to a .yaml/.yml/.json file, or an already parsed mapping.
+        overrides: dotted-key overrides applied before validation, e.g. {"algorithm.params.H": 4}.
+    """
+    if isinstance(source, dict):
+        data = json.loads(json.dumps(source))  # deep copy; also rejects non-JSON values early
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise ConfigError("", f"config file not found: {path}")
+        text = path.read_text()
+        if path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text)
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return resolve(from_dict(Config, data))
