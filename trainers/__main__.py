@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 EPILOG = """\
@@ -75,5 +76,23 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def exit_now(code: int) -> None:
+    """End the process without Python's finalization (stdout/stderr flushed first).
+
+    Why: the comm layers' daemon threads (tcp readers/senders, background exchanges) may be inside
+    a torch call that released the GIL when the interpreter finalizes; CPython then ends them with
+    pthread_exit, whose forced unwind through torch's C++ frames calls std::terminate ("terminate
+    called without an active exception", exit -6). Seen in 1 of 4 crash/rejoin test runs, after
+    the rank had written its final status. Everything the rank writes (records, snapshots, the
+    resolved config) is closed or renamed into place before main returns, so nothing is lost.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
