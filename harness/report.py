@@ -23,8 +23,8 @@ from emulator.schema import ConfigError
 
 from . import plots
 from .paths import REPORTS_ROOT
-from .results import (BYTE_COLUMNS, FAULT_COLUMNS, HEADLINE_COLUMNS, SUMMARY_COLUMNS, format_bytes,
-                      injection_failed, load_run, summarize)
+from .results import (BYTE_COLUMNS, FAULT_COLUMNS, HEADLINE_COLUMNS, METRICS, SUMMARY_COLUMNS,
+                      format_bytes, injection_failed, load_run, summarize)
 
 # Per run, at most this many loss/accuracy figures (one per network point); the rest are listed.
 MAX_PROGRESS_FIGURES_PER_RUN = 12
@@ -43,6 +43,8 @@ class RunInfo:
     target_accuracy: Optional[float]
     environment: dict = field(default_factory=dict)
     interrupted: str = ""     # the INTERRUPTED file's reason, when a signal or an error ended the run
+    budget_steps: Optional[int] = None     # where accuracy_at_step_budget was read
+    budget_time_s: Optional[float] = None  # where accuracy_at_time_budget was read
 
 
 @dataclass
@@ -142,7 +144,8 @@ def load_results(run_dirs: Iterable, loaded: Optional[dict] = None) -> Results:
         if (run_dir / "INTERRUPTED").is_file():
             interrupted = (run_dir / "INTERRUPTED").read_text(errors="replace").strip().splitlines()[:1]
             interrupted = interrupted[0] if interrupted else "no reason recorded"
-        runs.append(RunInfo(run_dir, name, frames.complete, frames.target_accuracy, environment, interrupted))
+        runs.append(RunInfo(run_dir, name, frames.complete, frames.target_accuracy, environment, interrupted,
+                            frames.budget_steps, frames.budget_time_s))
         summary = summarize(frames)
         axes = network_axes(run_dir)
         summary = summary.merge(axes, on="network", how="left") if len(axes) else \
@@ -353,6 +356,19 @@ def _save(figure, base: Path) -> list[Path]:
     return paths
 
 
+def budget_sentence(run: RunInfo) -> str:
+    """Where this run compares accuracy: at stated budgets, or wherever its jobs ended."""
+    budgets = []
+    if run.budget_steps is not None:
+        budgets.append(f"{run.budget_steps} steps")
+    if run.budget_time_s is not None:
+        budgets.append(f"{run.budget_time_s:g} s of training")
+    if not budgets:
+        return "accuracy compared where each job ended (no budget stated)"
+    return ("accuracy compared at equal budgets of " + " and ".join(budgets)
+            + ("; a job stops at the target only after both" if len(budgets) == 2 else ""))
+
+
 def _environment_lines(run: RunInfo) -> str:
     env = run.environment
     if not env:
@@ -411,11 +427,11 @@ def write_report(run_dirs: Iterable, out_dir, loaded: Optional[dict] = None) -> 
     for run in results.runs:
         mark = "complete" if run.complete else "**INCOMPLETE**"
         target = "-" if run.target_accuracy is None else f"{run.target_accuracy:g}"
-        lines.append(f"- `{run.name}` ({mark}; target accuracy {target}): `{run.path}`; {_environment_lines(run)}")
-    lines += ["", "## Summary", "",
-              "Speedups are against `sync` at the same network point and seed (> 1: faster than sync); "
-              "time to target is seconds of training until the first eval at or above the target accuracy. "
-              "Every column is in `summary.csv`.", ""]
+        lines.append(f"- `{run.name}` ({mark}; target accuracy {target}; {budget_sentence(run)}): "
+                     f"`{run.path}`; {_environment_lines(run)}")
+    lines += ["", "## Summary", "", "What the columns mean (every column is in `summary.csv`):", ""]
+    lines += [f"- `{name}`: {sentence}" for name, sentence in METRICS.items()]
+    lines += [""]
     for run in results.runs:
         rows = results.summary[results.summary["run"] == run.name]
         heading = f"### {run.name}" + ("" if run.complete else " (INCOMPLETE run: partial rows)")

@@ -23,7 +23,7 @@ from emulator.files import write_text_atomic
 
 SUMMARY_COLUMNS = [
     "network", "delay_scale", "rate", "nodes", "algorithm", "label", "seed", "status",
-    "final_accuracy", "best_accuracy", "time_to_target_s", "accuracy_at_step_budget",
+    "final_accuracy", "best_accuracy", "time_to_target_s", "output_sync_s", "accuracy_at_step_budget",
     "accuracy_at_time_budget", "steps", "train_time_s", "steps_per_s",
     "speedup_vs_sync", "throughput_speedup_vs_sync", "accuracy_delta_vs_sync",
     "bytes_sent_per_node", "bytes_per_step_per_node", "wire_bytes_per_node", "wire_overhead",
@@ -39,6 +39,32 @@ HEADLINE_COLUMNS = [
     "bytes_sent_per_node", "wire_bytes_per_node", "comm_blocked_fraction",
 ]
 BYTE_COLUMNS = {"bytes_sent_per_node", "bytes_per_step_per_node", "wire_bytes_per_node"}
+
+# One sentence per metric, for the report (docs/SCENARIOS.md says the same at more length).
+METRICS = {
+    "final_accuracy": "held-out accuracy of the algorithm's output model (the replicas' mean, the "
+                      "centre, the server or rank 0) at the job's last evaluation, computed off the "
+                      "emulated network from the ranks' snapshots.",
+    "time_to_target_s": "seconds of training (start-up and evaluation excluded) until accuracy first "
+                        "reached the target, interpolated between the two evaluations around it, plus "
+                        "output_sync_s.",
+    "output_sync_s": "for an output that is the mean of the replicas (local SGD, DTS, gossip): one "
+                     "all-reduce of the model, measured as sync's median blocked step at the same "
+                     "network point (CSV; 0 for other outputs).",
+    "steps_per_s": "rank 0's training steps per second of training time (workers only for parameter servers).",
+    "speedup_vs_sync": "sync's time to target over this job's, at the same network point and seed (> 1: faster).",
+    "throughput_speedup_vs_sync": "this job's steps/s over sync's, at the same network point and seed.",
+    "accuracy_delta_vs_sync": "this job's accuracy minus sync's at the step budget (else the time "
+                              "budget, else the end): the 'no accuracy loss' check.",
+    "accuracy_at_step_budget": "accuracy of the last evaluation within the step budget (CSV).",
+    "accuracy_at_time_budget": "accuracy of the last evaluation within the training-time budget (CSV).",
+    "bytes_sent_per_node": "bytes each node's communication layer sent, counted from tensor sizes.",
+    "wire_bytes_per_node": "bytes each node put on the emulated wire, from the backend's own counters "
+                           "(headers, handshakes, retransmissions and control included).",
+    "wire_overhead": "wire bytes over tensor bytes, minus one (CSV).",
+    "comm_blocked_fraction": "share of the workers' step time spent waiting on communication.",
+    "transport": "the all-reduce the job used: gloo's, or ours:<auto|ring|direct|recursive_doubling> (CSV).",
+}
 
 
 def format_bytes(value: float) -> str:
@@ -194,8 +220,13 @@ def load_run(run_dir) -> RunFrames:
         faults += _job_faults(job_dir, base, clock)
     return RunFrames(pd.DataFrame(jobs), pd.DataFrame(steps), pd.DataFrame(evals), target,
                      (run_dir / "COMPLETE").exists(), _faults_frame(faults),
-                     budget_steps=stop.get("budget_steps", stop.get("steps")),
-                     budget_time_s=stop.get("budget_time_s", stop.get("time_budget_s")))
+                     # a budget left out (None in scenario.json) defaults to the run's own limit
+                     budget_steps=_first_set(stop.get("budget_steps"), stop.get("steps")),
+                     budget_time_s=_first_set(stop.get("budget_time_s"), stop.get("time_budget_s")))
+
+
+def _first_set(*values):
+    return next((value for value in values if value is not None), None)
 
 
 def _wire_bytes_by_rank(job_dir: Path) -> dict:
@@ -364,11 +395,15 @@ def summarize(frames: RunFrames, target_accuracy: Optional[float] = None) -> pd.
     and ratios against sync."""
     target = target_accuracy if target_accuracy is not None else frames.target_accuracy
     rows = []
+    replica_output: list[bool] = []          # per row: the output model is the mean of the replicas
+    median_blocked: list[Optional[float]] = []  # per row: median blocked time of a worker step
     for job in frames.jobs.to_dict("records"):
         row = {key: job.get(key) for key in ("network", "delay_scale", "rate", "nodes", "algorithm",
                                                  "label", "seed", "status")}
         ev = frames.evals[frames.evals["job_id"] == job["job_id"]] if len(frames.evals) else frames.evals
         st = frames.steps[frames.steps["job_id"] == job["job_id"]] if len(frames.steps) else frames.steps
+        replica_output.append(_mean_of_replicas(ev))
+        median_blocked.append(None)
         if len(ev):
             ev = ev.sort_values("step")
             row["final_accuracy"] = float(ev["accuracy"].iloc[-1])
@@ -400,6 +435,7 @@ def summarize(frames: RunFrames, target_accuracy: Optional[float] = None) -> pd.
                 row["bytes_per_step_per_node"] = row["bytes_sent_per_node"] / row["steps"]
             blocked = workers["comm_blocked_s"].dropna()
             if len(blocked):
+                median_blocked[-1] = float(blocked.median())
                 row["comm_blocked_fraction"] = float(blocked.sum() / workers.loc[blocked.index, "step_s"].sum())
             if "staleness" in workers and workers["staleness"].notna().any():
                 row["mean_staleness"] = float(workers["staleness"].dropna().mean())
@@ -419,6 +455,7 @@ def summarize(frames: RunFrames, target_accuracy: Optional[float] = None) -> pd.
         rows.append(row)
     table = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
     _mark_sweep_best(table, frames.jobs)
+    _add_output_sync(table, replica_output, median_blocked)
     # Ratios against sync at the same network point and seed: >1 means faster than sync.
     for index, row in table.iterrows():
         ref = table[(table["algorithm"] == "sync") & (table["network"] == row["network"])
@@ -436,6 +473,38 @@ def summarize(frames: RunFrames, target_accuracy: Optional[float] = None) -> pd.
                 table.at[index, "accuracy_delta_vs_sync"] = row[column] - ref[column]
                 break
     return table
+
+
+def _mean_of_replicas(evals: pd.DataFrame) -> bool:
+    """Whether the evaluator's output model was the mean of several ranks' replicas."""
+    if not len(evals) or "role" not in evals or "ranks" not in evals:
+        return False
+    ranks = evals["ranks"].iloc[-1]
+    return evals["role"].iloc[-1] == "replica" and isinstance(ranks, list) and len(ranks) > 1
+
+
+def _add_output_sync(table: pd.DataFrame, replica_output: list[bool], median_blocked: list[Optional[float]]) -> None:
+    """The output model of local SGD, DTS and gossip is the mean of the replicas: evaluated off
+    the wire it costs nothing, but a user who wants it must average the replicas once, one
+    all-reduce of the model on this network. Without that cost a job whose replicas, averaged,
+    reach the target before they ever synchronised would show a time to target of a few steps of
+    compute. So output_sync_s = sync's median blocked time per step at the same network point and
+    seed (one all-reduce of the same model on the same transport, measured), and time_to_target_s
+    includes it. Jobs whose output needs no averaging (rank 0, centre, server) get 0; without a
+    sync job to measure it, output_sync_s stays empty and time_to_target_s without it."""
+    table["output_sync_s"] = table["output_sync_s"].astype(float)
+    for index, row in table.iterrows():
+        if not replica_output[index]:
+            table.at[index, "output_sync_s"] = 0.0
+            continue
+        refs = [i for i in table.index if table.at[i, "algorithm"] == "sync" and table.at[i, "network"] == row["network"]
+                and table.at[i, "seed"] == row["seed"] and median_blocked[i] is not None]
+        if not refs:
+            continue
+        cost = median_blocked[refs[0]]
+        table.at[index, "output_sync_s"] = cost
+        if pd.notna(row["time_to_target_s"]):
+            table.at[index, "time_to_target_s"] = row["time_to_target_s"] + cost
 
 
 def write_summary(run_dir, table: pd.DataFrame) -> Path:

@@ -47,6 +47,7 @@ class FakeJob:
     nodes: int = 2
     staleness: Optional[int] = None
     transport: Optional[str] = None      # the start records' all-reduce transport (None: not written)
+    output_role: Optional[str] = None    # the eval records' role (replica: mean of every rank's replica)
 
     @property
     def network(self) -> NetworkPoint:
@@ -76,8 +77,10 @@ def _rank_records(job: FakeJob, rank: int) -> list[dict]:
                              bytes_sent_total=total, bytes_recv_total=total, staleness=job.staleness))
         if step in job.evals:
             if rank == 0:
+                role = {"role": job.output_role, "ranks": list(range(job.nodes))} if job.output_role else {}
                 records.append(stamp("eval", time_s, step=step, accuracy=job.evals[step],
-                                     loss=1.0 - job.evals[step], eval_s=0.01, eval_bytes_sent=0, eval_bytes_recv=0))
+                                     loss=1.0 - job.evals[step], eval_s=0.01, eval_bytes_sent=0, eval_bytes_recv=0,
+                                     **role))
     records.append(stamp("status", job.start_s + job.steps * job.step_time_s + 0.01, status="ok",
                          steps=job.steps, stop_reason="steps"))
     return records
@@ -179,6 +182,39 @@ def test_accuracy_at_equal_budgets_and_the_delta_taken_there(tmp_path):
     # the delta against sync is taken at the step budget, not at the end (0.96 - 0.95)
     assert table.loc["dts", "accuracy_delta_vs_sync"] == pytest.approx(0.01)
     assert table.loc["dts", "final_accuracy"] == pytest.approx(0.96)
+
+
+def test_report_explains_every_metric_and_where_accuracy_is_compared(tmp_path):
+    from harness.results import METRICS
+
+    jobs = [FakeJob("sync", evals={4: 0.5, 9: 0.92}, steps=10), FakeJob("dts", evals={4: 0.91, 9: 0.93}, steps=10)]
+    budgeted = write_run(tmp_path / "a", jobs, stop={"budget_steps": 10, "budget_time_s": 6.0})
+    markdown = write_report([budgeted], tmp_path / "out-a").markdown.read_text()
+    for name in ("time_to_target_s", "accuracy_delta_vs_sync", "wire_bytes_per_node", "final_accuracy"):
+        assert f"- `{name}`: {METRICS[name]}" in markdown
+    assert "accuracy compared at equal budgets of 10 steps and 6 s of training" in markdown
+    # Without stated budgets, the run's step limit is the step budget (the summary reads it there).
+    plain = write_run(tmp_path / "b", jobs)
+    assert "accuracy compared at equal budgets of 10 steps)" in write_report([plain], tmp_path / "out-b").markdown.read_text()
+
+
+def test_time_to_target_of_a_mean_of_replicas_includes_one_measured_all_reduce(tmp_path):
+    """DTS's output (the replicas' mean) reached the target at step 4 (5 s), before any sync; forming
+    that mean costs one all-reduce, measured as sync's median blocked step (0.9 s here): 5.9 s. A
+    job whose output is rank 0's model (sync, or here 'other') pays nothing."""
+    jobs = [FakeJob("sync", evals={4: 0.5, 9: 0.95}, steps=10, blocked_s=0.9, output_role="rank0"),
+            FakeJob("dts", evals={4: 0.95, 9: 0.96}, steps=10, blocked_s=0.1, output_role="replica"),
+            FakeJob("local_sgd", label="other", evals={4: 0.95}, steps=10, blocked_s=0.1, output_role="rank0")]
+    table = summarize(load_run(write_run(tmp_path, jobs, target_accuracy=0.9))).set_index("label")
+    assert table.loc["dts", "output_sync_s"] == pytest.approx(0.9)
+    assert table.loc["dts", "time_to_target_s"] == pytest.approx(5.0 + 0.9)
+    assert table.loc["other", "output_sync_s"] == 0.0 and table.loc["other", "time_to_target_s"] == pytest.approx(5.0)
+    assert table.loc["sync", "output_sync_s"] == 0.0
+    sync_time = table.loc["sync", "time_to_target_s"]  # interpolated between steps 4 and 9
+    assert table.loc["dts", "speedup_vs_sync"] == pytest.approx(sync_time / 5.9)
+    # Without a sync job the cost is unknown: left empty, and not added.
+    alone = summarize(load_run(write_run(tmp_path / "alone", jobs[1:2], target_accuracy=0.9)))
+    assert pd.isna(alone.loc[0, "output_sync_s"]) and alone.loc[0, "time_to_target_s"] == pytest.approx(5.0)
 
 
 def test_budget_beyond_the_run_is_refused(write_yaml):
