@@ -191,6 +191,18 @@ def _plot_series(ax, frame: pd.DataFrame, x: str, y: str, styles: dict, *, skip_
     return len(xs)
 
 
+def _log_x_or_note(ax, points: int, no_data: str) -> None:
+    """A log x axis with plain tick labels when there are points; else the no-data note; one
+    point gets the single-point note."""
+    if not points:
+        _note(ax, no_data, "center")
+        return
+    ax.set_xscale("log")
+    _plain_log_ticks(ax.xaxis)
+    if points == 1:
+        _note(ax, ONE_POINT_NOTE)
+
+
 def _plain_log_ticks(axis) -> None:
     """Tick labels on a log axis as plain numbers (0.5, 2, 30), not 5x10^-1."""
     from matplotlib.ticker import FuncFormatter
@@ -423,13 +435,7 @@ def throughput_vs_bandwidth(summary: pd.DataFrame, *, samples_per_step: Optional
                           split_format="RTT {:g} ms" if latency == "mean_rtt_ms" else "delay ×{:g}")
     ax.set_xlabel("inter-region link rate (Mbit/s)")
     ax.set_ylabel(ylabel)
-    if points:
-        ax.set_xscale("log")
-        _plain_log_ticks(ax.xaxis)
-    if not points:
-        _note(ax, "no data: no rate on the sweep and no rate_bit_s column", "center")
-    elif points == 1:
-        _note(ax, ONE_POINT_NOTE)
+    _log_x_or_note(ax, points, "no data: no rate on the sweep and no rate_bit_s column")
     return _finish(figure, [ax], title)
 
 
@@ -517,13 +523,7 @@ def async_vs_sync(summary: pd.DataFrame, steps: pd.DataFrame, *, metric: str = "
     ax.axvline(1.0, color="#888888", linestyle=":", linewidth=1, gid=REFERENCE_GID)
     ax.set_xlabel("sync's compute / communication-blocked time (s/s, log scale)")
     ax.set_ylabel(ylabel)
-    if points:
-        ax.set_xscale("log")
-        _plain_log_ticks(ax.xaxis)
-    if not points:
-        _note(ax, "no data: needs sync's compute_s and comm_blocked_s and a non-sync speedup", "center")
-    elif points == 1:
-        _note(ax, ONE_POINT_NOTE)
+    _log_x_or_note(ax, points, "no data: needs sync's compute_s and comm_blocked_s and a non-sync speedup")
     return _finish(figure, [ax], title)
 
 

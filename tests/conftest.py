@@ -1,5 +1,6 @@
 """Test tiers: unit (no root), integration (root + namespaces + TUN), gpu. Skips say why."""
 
+import contextlib
 import os
 import shutil
 import uuid
@@ -26,6 +27,31 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "integration" in item.keywords:
                 item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@contextlib.contextmanager
+def prefix_env(prefix: str):
+    """WANBENCH_PREFIX=prefix for the block (module-scoped fixtures cannot use monkeypatch)."""
+    previous = os.environ.get("WANBENCH_PREFIX")
+    os.environ["WANBENCH_PREFIX"] = prefix
+    try:
+        yield prefix
+    finally:
+        if previous is None:
+            os.environ.pop("WANBENCH_PREFIX", None)
+        else:
+            os.environ["WANBENCH_PREFIX"] = previous
+
+
+@contextlib.contextmanager
+def network_up(backend):
+    """The backend up (after removing leftovers of an interrupted earlier run); always torn down."""
+    try:
+        backend.down()
+        backend.up()
+        yield backend
+    finally:
+        backend.down()
 
 
 @pytest.fixture

@@ -34,6 +34,7 @@ from emulator.delayline.device import device_name  # noqa: E402
 from emulator.plan import make_plan  # noqa: E402
 from emulator.processes import stop as stop_processes  # noqa: E402
 from emulator.topology import load_topology  # noqa: E402
+from tests.conftest import network_up, prefix_env  # noqa: E402
 
 # One-way delays (ms) and rates (Mbit/s) per region pair.
 TOPOLOGY = f"""
@@ -58,22 +59,10 @@ def _ns_run(node, argv, **kwargs):
 @pytest.fixture(scope="module")
 def network(tmp_path_factory):
     """An up 3-node network under the test prefix; always torn down."""
-    previous = os.environ.get("WANBENCH_PREFIX")
-    os.environ["WANBENCH_PREFIX"] = TEST_PREFIX
     path = tmp_path_factory.mktemp("topo") / "tun-test.yaml"
     path.write_text(TOPOLOGY)
-    plan = make_plan(load_topology(path))
-    backend = TunBackend(plan)
-    try:
-        backend.down()  # leftovers of an interrupted earlier run
-        backend.up()
+    with prefix_env(TEST_PREFIX), network_up(TunBackend(make_plan(load_topology(path)))) as backend:
         yield backend
-    finally:
-        backend.down()
-        if previous is None:
-            os.environ.pop("WANBENCH_PREFIX", None)
-        else:
-            os.environ["WANBENCH_PREFIX"] = previous
 
 
 class _Server:
@@ -185,10 +174,9 @@ def test_second_up_is_refused(network):
         TunBackend(network.plan).up()
 
 
-def test_down_removes_everything_and_is_idempotent(tmp_path):
+def test_down_removes_everything_and_is_idempotent(tmp_path, monkeypatch):
     """Separate network: up, kill -9 the delay line (devices vanish), down twice."""
-    previous = os.environ.get("WANBENCH_PREFIX")
-    os.environ["WANBENCH_PREFIX"] = DOWN_TEST_PREFIX
+    monkeypatch.setenv("WANBENCH_PREFIX", DOWN_TEST_PREFIX)
     path = tmp_path / "two.yaml"
     path.write_text(TOPOLOGY.replace(POOL, "10.214.0.0/24"))
     backend = TunBackend(make_plan(load_topology(path)))
@@ -214,8 +202,4 @@ def test_down_removes_everything_and_is_idempotent(tmp_path):
             time.sleep(0.05)
     finally:
         backend.down()
-        if previous is None:
-            os.environ.pop("WANBENCH_PREFIX", None)
-        else:
-            os.environ["WANBENCH_PREFIX"] = previous
     assert netns.list_namespaces(DOWN_TEST_PREFIX) == []

@@ -34,6 +34,7 @@ from emulator.delayline.device import device_name  # noqa: E402
 from emulator.plan import make_plan  # noqa: E402
 from emulator.processes import stop as stop_processes  # noqa: E402
 from emulator.topology import topology_from_dict  # noqa: E402
+from tests.conftest import network_up, prefix_env  # noqa: E402
 
 # aa -> bb loses TCP_LOSS (TCP data), aa -> cc loses UDP_LOSS; every way back is loss-free, so ACKs
 # and iperf3's control traffic are not dropped. bb and cc send loss-free: they keep GSO.
@@ -55,19 +56,8 @@ TOPOLOGY = {
 
 @pytest.fixture(scope="module")
 def network():
-    previous = os.environ.get("WANBENCH_PREFIX")
-    os.environ["WANBENCH_PREFIX"] = TEST_PREFIX
-    backend = TunBackend(make_plan(topology_from_dict(TOPOLOGY, source="<test>")))
-    try:
-        backend.down()
-        backend.up()
+    with prefix_env(TEST_PREFIX), network_up(TunBackend(make_plan(topology_from_dict(TOPOLOGY, source="<test>")))) as backend:
         yield backend
-    finally:
-        backend.down()
-        if previous is None:
-            os.environ.pop("WANBENCH_PREFIX", None)
-        else:
-            os.environ["WANBENCH_PREFIX"] = previous
 
 
 def iperf3(client, server, port: int, *args: str, seconds: int) -> dict:
