@@ -3,6 +3,8 @@
 import contextlib
 import os
 import shutil
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -27,6 +29,16 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "integration" in item.keywords:
                 item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def run_wanbench(*args, check: bool = True, timeout: float = 300):
+    """`wanbench ARGS` as a subprocess (python -m harness.cli); AssertionError with its stderr on a
+    non-zero exit when `check`."""
+    result = subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True,
+                            text=True, timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(f"wanbench {' '.join(args)} exited {result.returncode}: {result.stderr}")
+    return result
 
 
 @contextlib.contextmanager

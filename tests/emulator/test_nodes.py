@@ -32,11 +32,9 @@ node_limits: {memory: 150MB, pids: 40}
 
 
 @pytest.fixture
-def prefix(monkeypatch):
-    value = "wc" + uuid.uuid4().hex[:4]
-    monkeypatch.setenv("WANBENCH_PREFIX", value)
-    yield value
-    clean(value)
+def prefix(test_prefix):
+    """The shared per-test prefix (tests/conftest.py), set in the environment and cleaned after."""
+    return test_prefix
 
 
 @pytest.fixture

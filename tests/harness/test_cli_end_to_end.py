@@ -2,12 +2,13 @@
 
 import json
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pandas as pd
 import pytest
+
+from tests.conftest import run_wanbench
 
 pytestmark = pytest.mark.integration
 
@@ -22,11 +23,7 @@ TWO_REGIONS = textwrap.dedent("""
 
 
 def wanbench(*args, check=True, timeout=300):
-    result = subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True,
-                            text=True, timeout=timeout)
-    if check and result.returncode != 0:
-        raise AssertionError(f"wanbench {' '.join(args)} exited {result.returncode}: {result.stderr}")
-    return result
+    return run_wanbench(*args, check=check, timeout=timeout)
 
 
 def namespaces(prefix):

@@ -3,20 +3,17 @@ leaves no daemon behind, and a job whose rank goes over the node's memory limit 
 clear reason (a scenario's node_limits override the topology's)."""
 
 import json
-import subprocess
-import sys
 import textwrap
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 from emulator.backends.tun import TunBackend
-from emulator.clean import clean
 from emulator.plan import make_plan
 from harness.jobs import run_job
 from harness.scenario import load_scenario
+from tests.conftest import run_wanbench
 
 pytestmark = pytest.mark.integration
 
@@ -36,19 +33,13 @@ HOG = ("import os, time\n"
 
 
 @pytest.fixture
-def prefix(monkeypatch):
-    value = "wc" + uuid.uuid4().hex[:4]
-    monkeypatch.setenv("WANBENCH_PREFIX", value)
-    yield value
-    clean(value)
+def prefix(test_prefix):
+    """The shared per-test prefix (tests/conftest.py), set in the environment and cleaned after."""
+    return test_prefix
 
 
 def wanbench(*args, check=True, timeout=120):
-    result = subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True,
-                            text=True, timeout=timeout)
-    if check and result.returncode != 0:
-        raise AssertionError(f"wanbench {' '.join(args)} exited {result.returncode}: {result.stderr}")
-    return result
+    return run_wanbench(*args, check=check, timeout=timeout)
 
 
 def test_exec_hostname_and_down_ends_a_daemon(prefix, write_yaml):
