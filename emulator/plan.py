@@ -13,6 +13,7 @@ import re
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Optional
 
+from .dilation import check_time_dilation, dilate, undilate
 from .linkspec import LinkSpec
 from .schema import ConfigError
 
@@ -60,11 +61,14 @@ class Plan:
     address_pool: str
     prefix_length: int
     nodes: tuple[Node, ...]
-    region_links: dict  # (src_region, dst_region) -> LinkSpec, intra-region included, queues resolved
+    region_links: dict  # (src_region, dst_region) -> LinkSpec as applied (dilated), intra-region included, queues resolved
     tcp_buffer_max_bytes: int
     cpu_share: Optional[float] = None  # cores per node, a cgroup CPU quota (0.5: half a core; None: unlimited)
     memory_bytes: Optional[int] = None  # per node, everything it runs (cgroup memory; None: unlimited)
     pids_max: Optional[int] = None      # processes and threads per node (cgroup pids; None: unlimited)
+    # The network is slowed by this factor (emulator/dilation.py): region_links are the topology's
+    # links dilated; `emulated_link` gives back what the topology said.
+    time_dilation: float = 1.0
 
     def node(self, name: str) -> Node:
         for node in self.nodes:
@@ -74,8 +78,16 @@ class Plan:
         raise KeyError(f"no node {name!r} (nodes: {known})")
 
     def link(self, src: Node, dst: Node) -> LinkSpec:
-        """The one-way spec from node `src` to node `dst`."""
+        """The one-way spec from node `src` to node `dst`, as the backends apply it (dilated)."""
         return self.region_links[(src.region, dst.region)]
+
+    def emulated_link(self, src: Node, dst: Node) -> LinkSpec:
+        """The one-way spec from `src` to `dst` as the topology states it (before dilation)."""
+        return undilate(self.link(src, dst), self.time_dilation)
+
+    def emulated_region_links(self) -> dict:
+        """Region pair -> the topology's LinkSpec (before dilation)."""
+        return {pair: undilate(spec, self.time_dilation) for pair, spec in self.region_links.items()}
 
     def pairs(self):
         """Every ordered pair of distinct nodes with its spec."""
@@ -153,8 +165,13 @@ def tcp_buffer_bytes(specs) -> int:
     return size
 
 
-def make_plan(topology: Topology, cpu_share: Optional[float] = None) -> Plan:
-    """Name and address every node of `topology` and resolve its link matrix."""
+def make_plan(topology: Topology, cpu_share: Optional[float] = None, time_dilation: float = 1.0) -> Plan:
+    """Name and address every node of `topology` and resolve its link matrix, dilated by
+    `time_dilation` (queues sized before dilation: a dilated queue keeps its bytes, see dilation.py)."""
+    try:
+        time_dilation = check_time_dilation(time_dilation)
+    except ValueError as exc:
+        raise ConfigError("time_dilation", str(exc), source=topology.source_file) from None
     pfx = prefix()
     pool = ipaddress.IPv4Network(topology.address_pool)
     hosts = pool.hosts()
@@ -172,7 +189,7 @@ def make_plan(topology: Topology, cpu_share: Optional[float] = None) -> Plan:
             spec = topology.link(src, dst)
             if spec.queue_bytes is None:
                 spec = replace(spec, queue_bytes=auto_queue_bytes(spec))
-            region_links[(src, dst)] = spec
+            region_links[(src, dst)] = dilate(spec, time_dilation)
     return Plan(
         topology_name=topology.name,
         topology_file=topology.source_file,
@@ -185,4 +202,5 @@ def make_plan(topology: Topology, cpu_share: Optional[float] = None) -> Plan:
         cpu_share=cpu_share,
         memory_bytes=topology.memory_bytes,
         pids_max=topology.pids_max,
+        time_dilation=time_dilation,
     )

@@ -18,6 +18,7 @@ from typing import Optional
 from emulator import cgroups
 from emulator import clean as clean_mod
 from emulator.backends import REGISTRY, BackendUnavailable, choose_backend, read_state
+from emulator.dilation import check_time_dilation
 from emulator.netns import SystemCheckError, exec_argv
 from emulator.plan import Plan, make_plan, prefix
 from emulator.schema import ConfigError
@@ -54,7 +55,11 @@ def load_plan(args) -> Plan:
     cpu_share = getattr(args, "cpu_share", None)
     if cpu_share is not None and not 0 < cpu_share <= 1024:
         raise ConfigError("", f"must be in (0, 1024] cores, got {cpu_share}", source="--cpu-share")
-    return make_plan(topology, cpu_share=cpu_share)
+    try:
+        dilation = check_time_dilation(args.time_dilation)
+    except ValueError as exc:
+        raise ConfigError("", str(exc), source="--time-dilation") from None
+    return make_plan(topology, cpu_share=cpu_share, time_dilation=dilation)
 
 
 def _print_plan(plan: Plan, backend: str) -> None:
@@ -129,6 +134,11 @@ def cmd_exec(args) -> int:
 def _verify_table(rows: list[dict], title: str):
     from rich.table import Table
 
+    dilation = rows[0].get("time_dilation", 1.0) if rows else 1.0
+    if dilation != 1.0:
+        title += f" (time dilation {dilation:g}: the network is {dilation:g}x slower than the topology; " \
+                 "emulated = measured / K for times, x K for rates)"
+
     def error(row, key):
         return "-" if row.get(key) is None else f"{row[key]:+.3f}"
 
@@ -138,14 +148,22 @@ def _verify_table(rows: list[dict], title: str):
     for column in ("src", "dst", "RTT spec ms", "dense p50 ms", "p50 err", "p99 err",
                    "sparse p50 err", "p99 err", "rate spec Mbit/s", "rate Mbit/s", "%", "cc"):
         table.add_column(column, justify="right")
+    if dilation != 1.0:
+        for column in ("emulated RTT spec ms", "emulated RTT p50 ms", "emulated rate spec", "emulated rate"):
+            table.add_column(column, justify="right")
     for r in rows:
         rate = r["rate_mbit"]
-        table.add_row(r["src"], r["dst"], f"{r['rtt_spec_ms']:.2f}", f"{r['rtt_p50_ms']:.3f}",
-                      error(r, "rtt_p50_error_ms"), error(r, "rtt_p99_error_ms"),
-                      error(r, "rtt_sparse_p50_error_ms"), error(r, "rtt_sparse_p99_error_ms"),
-                      f"{r['rate_spec_mbit']:g}", "-" if rate is None else f"{rate:.1f}",
-                      "-" if rate is None else f"{100 * rate / r['rate_spec_mbit']:.1f}",
-                      r.get("congestion", "-"))
+        cells = [r["src"], r["dst"], f"{r['rtt_spec_ms']:.2f}", f"{r['rtt_p50_ms']:.3f}",
+                 error(r, "rtt_p50_error_ms"), error(r, "rtt_p99_error_ms"),
+                 error(r, "rtt_sparse_p50_error_ms"), error(r, "rtt_sparse_p99_error_ms"),
+                 f"{r['rate_spec_mbit']:g}", "-" if rate is None else f"{rate:.1f}",
+                 "-" if rate is None else f"{100 * rate / r['rate_spec_mbit']:.1f}",
+                 r.get("congestion", "-")]
+        if dilation != 1.0:
+            emulated_rate = r.get("rate_emulated_mbit")
+            cells += [f"{r['rtt_emulated_spec_ms']:.2f}", f"{r['rtt_emulated_p50_ms']:.3f}",
+                      f"{r['rate_emulated_spec_mbit']:g}", "-" if emulated_rate is None else f"{emulated_rate:.1f}"]
+        table.add_row(*cells)
     return table
 
 
@@ -187,6 +205,11 @@ def cmd_run(args) -> int:
     from .scenario import load_scenario
 
     scenario = load_scenario(args.file)  # every check before anything privileged
+    if args.time_dilation is not None:
+        try:
+            scenario = scenario.with_time_dilation(check_time_dilation(args.time_dilation))
+        except ValueError as exc:
+            raise ConfigError("", str(exc), source="--time-dilation") from None
     backend = args.backend or scenario.spec.backend
     if read_state(prefix()) is not None:
         raise SystemCheckError(f"a network is already up under prefix {prefix()!r}; 'wanbench down' first")
@@ -269,6 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--delay-scale", type=float, default=1.0, metavar="K",
                        help="multiply every inter-region delay by K (a sweep point)")
         p.add_argument("--rate", metavar="RATE", help='set every inter-region rate, e.g. "100Mbit"')
+        p.add_argument("--time-dilation", type=float, default=1.0, metavar="K",
+                       help="slow the network K times: delays x K, rates / K (docs/TIME_DILATION.md)")
 
     p = sub.add_parser("up", help="build the emulated WAN and return to the shell")
     network_args(p)
@@ -305,6 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run a scenario: build, verify, train every algorithm, compare, tear down")
     p.add_argument("file", help="scenario file (scenarios/*.yaml)")
     p.add_argument("--backend", choices=backends, default=None, help="overrides the scenario's backend")
+    p.add_argument("--time-dilation", type=float, default=None, metavar="K",
+                   help="overrides the scenario's time_dilation: network K times slower, reported times / K")
     p.add_argument("--output", help="runs folder (default results/runs)")
     p.set_defaults(func=cmd_run)
 

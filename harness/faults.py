@@ -161,9 +161,13 @@ class FaultTimeline:
         network: changes a region pair's links (LinkSpec, or None for down).
         nodes: crashes, restarts and slows nodes by name.
         record_path: where each applied action is appended as JSON.
+        time_dilation: on a network dilated by K (emulator/dilation.py) the events' times are
+            emulated seconds: each is due at K times its time; links are in emulated units
+            (`network` dilates them, e.g. emulator.dilation.DilatedLinks).
     """
 
-    def __init__(self, events, base_links: dict, network: LinkControl, nodes: NodeControl, record_path: Path):
+    def __init__(self, events, base_links: dict, network: LinkControl, nodes: NodeControl, record_path: Path,
+                 time_dilation: float = 1.0):
         self.record_path = record_path
         self.current = dict(base_links)
         self.base = dict(base_links)
@@ -173,7 +177,7 @@ class FaultTimeline:
 
         def add(due, what, fn):
             nonlocal order
-            self._actions.append(_Action(due, order, what, fn))
+            self._actions.append(_Action(due * time_dilation, order, what, fn))
             order += 1
 
         for event in events:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from emulator import cgroups
+from emulator.dilation import DilatedLinks
 from emulator.files import write_json_atomic
 from emulator.measure.counters import pair_deltas, traffic_by_node
 from emulator.netns import exec_argv, interface_of
@@ -25,6 +26,7 @@ from emulator.plan import Plan
 from emulator.processes import stop as stop_processes
 
 from .faults import FaultTimeline, LinkControl
+from .gpus import nccl_environment, place_job
 from trainers.stop import stop_step_from_records, write_stop
 
 from .paths import PROJECT_ROOT
@@ -82,6 +84,9 @@ class JobProcesses:
         self.started_at: Optional[float] = None
         # A crash-tolerant job (comm backend tcp) goes on without a crashed rank and takes it back.
         self.tolerant = job.command is None and uses_elastic_comm(job.trainer_config)
+        # Each rank's GPU and comm backend (harness/gpus.py), decided before any rank starts: device
+        # cuda without a GPU fails here, in one line (SystemCheckError), not in every rank.
+        self.gpus = place_job(job.trainer_config if job.command is None else None, self.world)
 
     # Life cycle --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -202,8 +207,14 @@ class JobProcesses:
     def _environment(self, node, restarts: int) -> dict:
         master = self.plan.nodes[0]
         ifname = interface_of(node)
-        return {**os.environ, "GLOO_SOCKET_IFNAME": ifname, "NCCL_SOCKET_IFNAME": ifname,
-                "TP_SOCKET_IFNAME": ifname, "RANK": str(node.rank), "WORLD_SIZE": str(self.world),
+        return {**os.environ, "GLOO_SOCKET_IFNAME": ifname, "TP_SOCKET_IFNAME": ifname,
+                # NCCL over the node's interface only, as if every node were a host of its own
+                **nccl_environment(ifname, host_id=f"{self.plan.prefix}.{node.name}"),
+                # the rank's GPU (CUDA_VISIBLE_DEVICES: it is cuda:0 in the rank), the comm backend
+                # when ranks share GPUs, and why: the rank writes them in its start record
+                **self.gpus[node.rank].environment(),
+                # one rank per node, each node a host of its own (torchrun's view of it): local rank 0
+                "RANK": str(node.rank), "WORLD_SIZE": str(self.world),
                 "LOCAL_RANK": "0", "MASTER_ADDR": master.address, "MASTER_PORT": str(self.master_port),
                 "WANBENCH_NODE": node.name, "WANBENCH_OUTPUT_DIR": str(self.job_dir),
                 # torchrun's variable: a crash-tolerant trainer (or a user's script) rejoins
@@ -396,15 +407,20 @@ def run_job(plan: Plan, job: Job, job_dir: Path, master_port: int, timeout_s: fl
     """
     ranks = JobProcesses(plan, job, job_dir, master_port, cpu_share,
                          throttled=any(e.kind == "straggler" for e in faults))
+    links = DilatedLinks(network, plan.time_dilation) if network is not None else None
     timeline = None
     if faults:
         if network is None and any(e.kind not in ("node_crash", "straggler") for e in faults):
             raise ValueError("link faults need the network (backend) to change links on")
-        timeline = FaultTimeline(faults, dict(plan.region_links), network, ranks, job_dir / "faults.jsonl")
+        # in emulated units: the timeline's times are dilated by K, its links by `links`
+        timeline = FaultTimeline(faults, plan.emulated_region_links(), links, ranks, job_dir / "faults.jsonl",
+                                 time_dilation=plan.time_dilation)
         ranks.restart_pending = {plan.node(e.node).rank for e in faults
                                  if e.kind == "node_crash" and e.restart_after is not None}
+    budget_time_s = getattr(stop, "budget_time_s", None)
     decider = StopDecider(job_dir, getattr(stop, "target_accuracy", None) if job.command is None else None,
-                          getattr(stop, "budget_steps", None), getattr(stop, "budget_time_s", None))
+                          getattr(stop, "budget_steps", None),
+                          None if budget_time_s is None else budget_time_s * plan.time_dilation)
     evaluator = Evaluator(job_dir, follow=decider.active) if job.command is None else None
     outcome: Optional[JobOutcome] = None
     counters_before = _counters(network)
@@ -424,10 +440,10 @@ def run_job(plan: Plan, job: Job, job_dir: Path, master_port: int, timeout_s: fl
         raise
     finally:
         ranks.close()
-        if network is not None and timeline is not None:
-            for (src, dst), spec in plan.region_links.items():
+        if links is not None and timeline is not None:
+            for (src, dst), spec in plan.emulated_region_links().items():
                 if timeline.current.get((src, dst)) != spec:
-                    network.set_link(src, dst, spec)  # the next job starts on the topology's links
+                    links.set_link(src, dst, spec)  # the next job starts on the topology's links
         if outcome is not None:
             write_json_atomic(job_dir / "job.json", {**dataclasses.asdict(outcome), "label": job.label,
                                                      "algorithm": job.algorithm, "seed": job.seed,
@@ -435,7 +451,8 @@ def run_job(plan: Plan, job: Job, job_dir: Path, master_port: int, timeout_s: fl
                                                      "network_key": job.network.key,
                                                      "params": job.params, "nodes": ranks.world,
                                                      "base_label": job.base_label or job.label,
-                                                     "tuned": job.tuned, "stop_decision": decider.decision})
+                                                     "tuned": job.tuned, "stop_decision": decider.decision,
+                                                     "gpus": [placement.record() for placement in ranks.gpus]})
     return outcome
 
 

@@ -511,6 +511,8 @@ def async_vs_sync(summary: pd.DataFrame, steps: pd.DataFrame, *, metric: str = "
     """
     figure, (ax,) = _new_figure(1)
     ratios = compute_comm_ratio(steps)
+    # x is sync's ratio at each point (the summary's own column is each job's: left out here)
+    summary = summary.drop(columns=["compute_comm_ratio"], errors="ignore")
     frame = summary.merge(ratios, on=["network", "seed"], how="left") if len(summary) else \
         summary.assign(compute_comm_ratio=[])
     if not _has(frame, metric) and metric == "speedup_vs_sync" and _has(frame, "throughput_speedup_vs_sync"):

@@ -28,7 +28,8 @@ SUMMARY_COLUMNS = [
     "speedup_vs_sync", "throughput_speedup_vs_sync", "accuracy_delta_vs_sync",
     "bytes_sent_per_node", "bytes_per_step_per_node", "wire_bytes_per_node", "wire_overhead",
     "comm_blocked_fraction", "mean_staleness", "workers", "servers", "server_bytes_sent_per_node",
-    "server_wire_bytes_per_node", "transport", "tuned", "sweep_best",
+    "server_wire_bytes_per_node", "transport", "tuned", "sweep_best", "compute_s_per_step",
+    "compute_comm_ratio", "time_dilation",
 ]
 
 # The columns people read first: the terminal table and the report's markdown table (every column
@@ -64,6 +65,11 @@ METRICS = {
     "wire_overhead": "wire bytes over tensor bytes, minus one (CSV).",
     "comm_blocked_fraction": "share of the workers' step time spent waiting on communication.",
     "transport": "the all-reduce the job used: gloo's, or ours:<auto|ring|direct|recursive_doubling> (CSV).",
+    "compute_comm_ratio": "the workers' median compute time per step over one all-reduce of the model on "
+                          "this network (sync's median blocked step at the same point): the papers' "
+                          "computation/communication ratio (CSV).",
+    "time_dilation": "the run's time dilation K: the network ran K times slower and every time above "
+                     "is divided by K (docs/TIME_DILATION.md; CSV).",
 }
 
 
@@ -94,6 +100,7 @@ class RunFrames:
     faults: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=FAULT_COLUMNS))
     budget_steps: Optional[int] = None      # accuracy_at_step_budget is read at this step
     budget_time_s: Optional[float] = None   # accuracy_at_time_budget at this much training time
+    time_dilation: float = 1.0              # the records' times were divided by this (see load_run)
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -158,10 +165,22 @@ class _JobClock:
     rank0_steps: Optional[pd.DataFrame] = None     # rank 0's step and train_time_s
 
 
+def emulated_seconds(frame: pd.DataFrame, k: float) -> pd.DataFrame:
+    """`frame` with every duration column (a name ending in `_s`, or `_s_min`) divided by `k`: the
+    records of a network dilated by K are in wall-clock seconds, the run's figures in emulated ones."""
+    if k == 1.0 or not len(frame):
+        return frame
+    columns = [c for c in frame.columns if isinstance(c, str) and (c.endswith("_s") or c.endswith("_s_min"))]
+    return frame.assign(**{c: pd.to_numeric(frame[c], errors="coerce") / k for c in columns})
+
+
 def load_run(run_dir) -> RunFrames:
-    """Read every job of a run directory into DataFrames."""
+    """Read every job of a run directory into DataFrames. On a dilated run (scenario.json's
+    time_dilation K) every duration of the steps, evals and faults is in emulated seconds (wall
+    clock / K); the jobs' wall_s stays wall clock."""
     run_dir = Path(run_dir)
     scenario = json.loads((run_dir / "scenario.json").read_text())
+    k = float(scenario.get("spec", {}).get("time_dilation") or 1.0)
     stop = scenario.get("spec", {}).get("stop") or {}
     target = stop.get("target_accuracy")
     jobs, steps, evals, faults = [], [], [], []
@@ -218,11 +237,13 @@ def load_run(run_dir) -> RunFrames:
             evals[:] = [row for row in evals if row["job_id"] != base["job_id"]]
             evals += [{**base, **record, "rank": 0} for record in offwire if record.get("kind") == "eval"]
         faults += _job_faults(job_dir, base, clock)
-    return RunFrames(pd.DataFrame(jobs), pd.DataFrame(steps), pd.DataFrame(evals), target,
-                     (run_dir / "COMPLETE").exists(), _faults_frame(faults),
+    return RunFrames(pd.DataFrame(jobs), emulated_seconds(pd.DataFrame(steps), k),
+                     emulated_seconds(pd.DataFrame(evals), k), target,
+                     (run_dir / "COMPLETE").exists(), emulated_seconds(_faults_frame(faults), k),
                      # a budget left out (None in scenario.json) defaults to the run's own limit
                      budget_steps=_first_set(stop.get("budget_steps"), stop.get("steps")),
-                     budget_time_s=_first_set(stop.get("budget_time_s"), stop.get("time_budget_s")))
+                     budget_time_s=_first_set(stop.get("budget_time_s"), stop.get("time_budget_s")),
+                     time_dilation=k)
 
 
 def _first_set(*values):
@@ -433,6 +454,8 @@ def summarize(frames: RunFrames, target_accuracy: Optional[float] = None) -> pd.
                 row["server_bytes_sent_per_node"] = float(served.groupby("rank")["bytes_sent"].sum().mean())
             if row.get("steps"):
                 row["bytes_per_step_per_node"] = row["bytes_sent_per_node"] / row["steps"]
+            if "compute_s" in workers and workers["compute_s"].notna().any():
+                row["compute_s_per_step"] = float(workers["compute_s"].dropna().median())
             blocked = workers["comm_blocked_s"].dropna()
             if len(blocked):
                 median_blocked[-1] = float(blocked.median())
@@ -452,10 +475,12 @@ def summarize(frames: RunFrames, target_accuracy: Optional[float] = None) -> pd.
             # what the wire carried beyond the tensors the trainers counted: headers, handshakes,
             # retransmissions, control messages
             row["wire_overhead"] = row["wire_bytes_per_node"] / row["bytes_sent_per_node"] - 1.0
+        row["time_dilation"] = frames.time_dilation
         rows.append(row)
     table = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
     _mark_sweep_best(table, frames.jobs)
     _add_output_sync(table, replica_output, median_blocked)
+    _add_compute_comm_ratio(table, median_blocked)
     # Ratios against sync at the same network point and seed: >1 means faster than sync.
     for index, row in table.iterrows():
         ref = table[(table["algorithm"] == "sync") & (table["network"] == row["network"])
@@ -505,6 +530,17 @@ def _add_output_sync(table: pd.DataFrame, replica_output: list[bool], median_blo
         table.at[index, "output_sync_s"] = cost
         if pd.notna(row["time_to_target_s"]):
             table.at[index, "time_to_target_s"] = row["time_to_target_s"] + cost
+
+
+def _add_compute_comm_ratio(table: pd.DataFrame, median_blocked: list[Optional[float]]) -> None:
+    """compute_comm_ratio: a job's median compute per step over one all-reduce of the model on its
+    network (sync's median blocked step at the same point and seed; none without a sync job)."""
+    table["compute_comm_ratio"] = table["compute_comm_ratio"].astype(float)
+    for index, row in table.iterrows():
+        refs = [i for i in table.index if table.at[i, "algorithm"] == "sync" and table.at[i, "network"] == row["network"]
+                and table.at[i, "seed"] == row["seed"] and median_blocked[i]]
+        if refs and pd.notna(row["compute_s_per_step"]):
+            table.at[index, "compute_comm_ratio"] = row["compute_s_per_step"] / median_blocked[refs[0]]
 
 
 def write_summary(run_dir, table: pd.DataFrame) -> Path:

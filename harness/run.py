@@ -24,6 +24,7 @@ from emulator.files import write_json_atomic
 from emulator.measure.verify import VerifyOptions, rate_warnings, verify
 from emulator.plan import make_plan
 
+from .dilation import dilated_trainer_config
 from .environment import environment
 from .jobs import run_job
 from .paths import RUNS_ROOT
@@ -57,7 +58,8 @@ def run_scenario(scenario: Scenario, backend_name: str, runs_root: Path = RUNS_R
         "spec": scenario.spec.model_dump(), "jobs": [dataclasses.asdict(j) for j in scenario.jobs]})
     write_json_atomic(run_dir / "environment.json", environment(backend_cls.name))
     stop = scenario.spec.stop
-    timeout_s = scenario.spec.job_timeout_s or ((stop.time_budget_s or 600) * 2 + 180)
+    # watchdogs in wall-clock seconds: the scenario's are emulated, dilated by K like the network
+    timeout_s = (scenario.spec.job_timeout_s or ((stop.time_budget_s or 600) * 2 + 180)) * scenario.time_dilation
 
     try:
         _run_points(scenario, backend_cls, run_dir, console, timeout_s)
@@ -85,8 +87,12 @@ def _run_points(scenario: Scenario, backend_cls, run_dir: Path, console, timeout
     spec = scenario.spec
     stop = spec.stop
     port = spec.master_port
+    k = scenario.time_dilation
+    if k != 1.0:
+        console.print(f"time dilation {k:g}: the network runs {k:g}x slower than the topology, "
+                      f"reported times are divided by {k:g}")
     for point in scenario.network_points():
-        plan = make_plan(scenario.topology_for(point))
+        plan = make_plan(scenario.topology_for(point), time_dilation=k)
         point_dir = run_dir / point.folder
         point_dir.mkdir()
         (point_dir / "plan.json").write_text(plan.to_json())
@@ -128,7 +134,7 @@ def _run_points(scenario: Scenario, backend_cls, run_dir: Path, console, timeout
 
                 with Live(render(), console=console, refresh_per_second=4, transient=True) as live:
                     def tick(records, elapsed):
-                        state["elapsed"] = elapsed
+                        state["elapsed"] = elapsed / k  # emulated seconds, like the ETA's budget
                         if "step" in records:
                             state["step"] = records["step"].get("step", 0)
                             state["loss"] = records["step"].get("loss")
@@ -136,8 +142,10 @@ def _run_points(scenario: Scenario, backend_cls, run_dir: Path, console, timeout
                             state["acc"] = records["eval"].get("accuracy")
                         live.update(render())
 
-                    outcome = run_job(plan, job, run_dir / "jobs" / job.job_id, port, timeout_s, tick,
-                                      stall_timeout_s=spec.stall_timeout_s, network=backend,
+                    dilated = dataclasses.replace(job, trainer_config=dilated_trainer_config(job.trainer_config, k))
+                    outcome = run_job(plan, dilated, run_dir / "jobs" / job.job_id, port, timeout_s, tick,
+                                      stall_timeout_s=spec.stall_timeout_s and spec.stall_timeout_s * k,
+                                      network=backend,
                                       faults=spec.faults, cpu_share=spec.cpu_share, stop=spec.stop)
                 mark = "[green]ok[/]" if outcome.status == "ok" else f"[red]{outcome.status}[/] {outcome.reason}"
                 console.print(f"  {job.label} seed {job.seed}: {mark} in {outcome.wall_s:.1f}s, "

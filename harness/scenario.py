@@ -17,6 +17,7 @@ from typing import Literal, Optional
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .dilation import ComputeProfile, load_profile
 from .faults import FaultEvent, read_trace
 from .inputs import topology_from_document
 from emulator.schema import ConfigError, config_error_from_pydantic, load_yaml_mapping
@@ -149,6 +150,12 @@ class ScenarioFile(BaseModel):
     # have as many workers as sync; "shared" runs the server on one of the workers' nodes.
     servers: Literal["extra", "shared"] = "extra"
     server_region: Optional[str] = None
+    # The network K times slower and every reported time divided by K: the job then stands for
+    # one on processors K times faster than this machine's (docs/TIME_DILATION.md).
+    time_dilation: float = Field(1.0, ge=1, le=1000)
+    # The accelerator the job stands for (profiles/NAME.yaml or a file): forward + backward padded
+    # to its step time, in emulated seconds (harness/dilation.py)
+    compute_profile: Optional[str] = None
 
     @model_validator(mode="after")
     def _something_to_run(self):
@@ -212,6 +219,15 @@ class Scenario:
 
     def topology_for(self, point: NetworkPoint) -> Topology:
         return _topology_for(self.topology, self.spec, point)
+
+    @property
+    def time_dilation(self) -> float:
+        return self.spec.time_dilation
+
+    def with_time_dilation(self, k: float) -> "Scenario":
+        """This scenario at dilation `k` (jobs keep emulated seconds; the run dilates them)."""
+        return dataclasses.replace(self, spec=self.spec.model_copy(update={"time_dilation": k}))
+
     def network_points(self) -> list[NetworkPoint]:
         seen: list[NetworkPoint] = []
         for job in self.jobs:
@@ -277,10 +293,12 @@ def _nested(dotted: dict) -> dict:
 
 
 def _trainer_config(spec: ScenarioFile, algorithm: str, params: dict, seed: int,
-                    workload: Optional[dict] = None) -> dict:
+                    workload: Optional[dict] = None, profile: Optional[ComputeProfile] = None) -> dict:
     from trainers.loading import comm_backend_for
 
     config = _merged(spec.workload, workload or {})
+    if profile is not None:
+        config.setdefault("min_compute_s", profile.step_s)  # emulated seconds; the run dilates
     config["seed"] = seed
     config["steps"] = spec.stop.steps
     if spec.stop.time_budget_s is not None:
@@ -348,6 +366,7 @@ def scenario_from_dict(data: dict, source: str) -> Scenario:
     name = spec.name or Path(source).stem
 
     _check_faults(source, spec, topology)
+    profile = load_profile(spec.compute_profile, source) if spec.compute_profile else None
     if spec.server_region is not None and spec.server_region not in topology.regions:
         raise ConfigError("server_region", f"unknown region {spec.server_region!r} "
                           f"(regions: {', '.join(topology.regions)})", source=source)
@@ -375,7 +394,7 @@ def scenario_from_dict(data: dict, source: str) -> Scenario:
             variant_label = label + "".join(f"-{k.rsplit('.', 1)[-1]}{v}" for k, v in {**variant, **tuned}.items())
             if spec.command is None:
                 _check_trainer_config(source, f"algorithms[{index}]",
-                                      _trainer_config(spec, entry.name, params, spec.seeds[0], workload))
+                                      _trainer_config(spec, entry.name, params, spec.seeds[0], workload, profile))
             for base_point in points:
                 point, placed = _server_placement(topology, spec, base_point, params, entry.name)
                 for seed in spec.seeds:
@@ -383,7 +402,7 @@ def scenario_from_dict(data: dict, source: str) -> Scenario:
                     jobs.append(Job(
                         job_id=job_id, network=point, algorithm=entry.name, label=variant_label,
                         seed=seed, params=placed,
-                        trainer_config=(_trainer_config(spec, entry.name, placed, seed, workload)
+                        trainer_config=(_trainer_config(spec, entry.name, placed, seed, workload, profile)
                                         if spec.command is None else {}),
                         command=spec.command, base_label=label, tuned=tuned))
     labels_made = [job.label for job in jobs]

@@ -302,7 +302,9 @@ class Config:
     Args:
         output_dir: directory for rank<N>.jsonl records and the resolved config.
         seed: seeds model init, data split, sharding and batch order.
-        device: cpu | cuda (cuda uses LOCAL_RANK's GPU).
+        device: cpu | cuda: cuda:(LOCAL_RANK mod the visible GPUs); the wanbench harness gives
+            each rank one GPU through CUDA_VISIBLE_DEVICES (its own when there are enough, else
+            shared round robin, and then nccl falls back to gloo; docs/GPU.md).
         batch_size: samples per rank per step.
         lr: peak learning rate of the local optimizer.
         steps: maximum number of steps.
@@ -316,6 +318,10 @@ class Config:
         eval_every_s: if set, snapshots every this many seconds of each rank's training clock
             instead of every ``eval_every`` steps (the membership exchange stays step-based).
         save_final_model: write rank<N>_final.pt (state_dict of the trained local model).
+        min_compute_s: pad every step's forward + backward to at least this many seconds (a
+            compute profile: the step time of the accelerator the job stands for; the harness
+            multiplies it by the time dilation). Step records give the unpadded time as
+            ``compute_unpadded_s``.
     """
 
     output_dir: str
@@ -335,6 +341,7 @@ class Config:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     comm: CommConfig = field(default_factory=CommConfig)
     save_final_model: bool = False
+    min_compute_s: Optional[float] = None
 
     def __post_init__(self) -> None:
         if not self.output_dir:
@@ -348,6 +355,8 @@ class Config:
             require_float("eval_every_s", self.eval_every_s, minimum=0.0, min_exclusive=True)
         if self.time_budget_s is not None:
             require_float("time_budget_s", self.time_budget_s, minimum=0.0, min_exclusive=True)
+        if self.min_compute_s is not None:
+            require_float("min_compute_s", self.min_compute_s, minimum=0.0)
         if self.target_accuracy is not None:
             require_float("target_accuracy", self.target_accuracy, minimum=0.0, maximum=1.0)
         if self.comm.backend == "nccl" and self.device != "cuda":

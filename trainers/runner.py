@@ -7,10 +7,15 @@ at the step named by the STOP file (trainers/stop.py), which every rank polls ea
 
 Rank, world size and rendezvous come from the torchrun environment (RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT, LOCAL_RANK). Without them the run is a single process (rank 0 of 1).
+A launcher that places ranks on GPUs (the wanbench harness: harness/gpus.py, docs/GPU.md) may
+also set CUDA_VISIBLE_DEVICES to the rank's one GPU, WANBENCH_COMM_BACKEND (the backend to run
+instead of comm.backend: gloo when the job's ranks share GPUs), WANBENCH_GPU_SHARED_BY and
+WANBENCH_GPU_REASON; the ``start`` record's ``placement`` says what the rank got and why.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import platform
@@ -25,7 +30,7 @@ import torch
 
 from trainers.algorithms import AlgorithmContext, get_algorithm
 from trainers.comm import Comm, PeerLost, TorchComm
-from trainers.config import Config, from_dict, to_dict
+from trainers.config import Config, from_dict, require_choice, to_dict
 from trainers.datasets import BatchSampler, load_dataset, shard_indices
 from trainers.launch import free_port
 from trainers.loading import check_comm_backend, uses_elastic_comm
@@ -34,6 +39,16 @@ from trainers.records import RESOLVED_CONFIG_FILE, RecordWriter, write_json_atom
 from trainers.snapshots import SnapshotSchedule, write_snapshot
 from trainers.stop import StopRequest, StopWatcher, stop_step_from_records, write_stop
 from trainers.training import loss_fn, lr_at
+
+
+# What a launcher tells a rank about its device; harness/gpus.py sets them (the names are checked
+# against its own by tests/harness/test_gpu_env.py: trainers import nothing of the harness).
+COMM_BACKEND_VARIABLE = "WANBENCH_COMM_BACKEND"  # the comm backend to run instead of comm.backend
+GPU_SHARED_BY_VARIABLE = "WANBENCH_GPU_SHARED_BY"  # how many of the job's ranks share this rank's GPU
+GPU_REASON_VARIABLE = "WANBENCH_GPU_REASON"  # why this GPU and this backend, one line
+# The backends a launcher may impose: the torch.distributed ones (tcp is the config's own choice,
+# tied to the algorithm's crash tolerance).
+LAUNCHER_BACKENDS = ("gloo", "nccl")
 
 
 @dataclass
@@ -62,6 +77,8 @@ def run(config: Config) -> RunResult:
     writer = RecordWriter(output_dir, rank, append=restarts > 0)  # a restarted rank adds to its records
     comm = None
     try:
+        requested_backend = config.comm.backend
+        config = with_launcher_backend(config, os.environ)
         if rank == 0:
             # Its own file, replaced whole: the config file the ranks were started with may be
             # read by another rank still (in a run directory it is config.json).
@@ -80,6 +97,8 @@ def run(config: Config) -> RunResult:
             torch=torch.__version__,
             device=str(device),
             backend=config.comm.backend,
+            # which GPU (None on CPU), the backend asked for and the one run, and the launcher's why
+            placement=_placement(device, requested_backend, config.comm.backend, os.environ),
             # which all-reduce: "gloo" or "ours:<algorithm>" (comm.allreduce); ddp's reducer is torch's own
             transport=comm.transport if get_algorithm(config.algorithm.name).measures_blocked_time else config.comm.backend,
         )
@@ -113,15 +132,59 @@ def _make_comm(config: Config, device: torch.device) -> Comm:
     return TcpComm(config.comm.timeout_s, device)
 
 
+def with_launcher_backend(config: Config, env) -> Config:
+    """``config`` with the comm backend a launcher imposed (``WANBENCH_COMM_BACKEND``), else itself.
+
+    The wanbench harness sets it to gloo when a job that asked for nccl has more ranks than GPUs:
+    NCCL needs a GPU per rank, gloo takes CUDA tensors (staged through the CPU by the comm layer).
+    The resolved config rank 0 writes then names the backend that ran.
+    """
+    backend = env.get(COMM_BACKEND_VARIABLE)
+    if not backend or backend == config.comm.backend:
+        return config
+    require_choice(COMM_BACKEND_VARIABLE, backend, LAUNCHER_BACKENDS)
+    if uses_elastic_comm(config):
+        # the elastic comm is the algorithm's crash tolerance, not a transport to swap
+        raise RuntimeError(f"{COMM_BACKEND_VARIABLE}={backend} cannot replace comm.backend tcp")
+    return dataclasses.replace(config, comm=dataclasses.replace(config.comm, backend=backend))
+
+
 def _device(config: Config) -> torch.device:
+    """This rank's device: cuda:(LOCAL_RANK mod the visible GPUs).
+
+    Under torchrun on a real machine that is the rank's own GPU (ranks beyond the GPU count share
+    them round robin: fine for gloo, NCCL needs one GPU per rank). The wanbench harness starts
+    every rank with LOCAL_RANK 0 (each node is a host of its own) and CUDA_VISIBLE_DEVICES set to
+    the one GPU it chose for the rank, so cuda:0 is that GPU.
+    """
     if config.device == "cpu":
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise RuntimeError("device: cuda was asked for but torch sees no CUDA device")
-    # Ranks beyond the GPU count share GPUs round-robin (fine for gloo; NCCL needs one GPU per rank).
+        raise RuntimeError("device: cuda was asked for but torch sees no CUDA device "
+                           f"(torch {torch.__version__}, CUDA_VISIBLE_DEVICES="
+                           f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
     index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
+
+
+def _placement(device: torch.device, requested_backend: str, backend: str, env) -> dict:
+    """The start record's ``placement``: the GPU this rank computes on (None on CPU) as the
+    machine names it (its CUDA_VISIBLE_DEVICES entry, or its index when all are visible), the
+    backend the config asked for and the one that runs, and the launcher's reason."""
+    placement = {"gpu": None, "backend": backend, "backend_requested": requested_backend,
+                 "fell_back": backend != requested_backend, "shared_by": None,
+                 "reason": env.get(GPU_REASON_VARIABLE)}
+    if device.type != "cuda":
+        return placement
+    listed = [entry.strip() for entry in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if entry.strip()]
+    properties = torch.cuda.get_device_properties(device)
+    shared_by = env.get(GPU_SHARED_BY_VARIABLE)
+    placement.update(gpu=listed[device.index] if device.index < len(listed) else str(device.index),
+                     visible_as=str(device), name=properties.name,
+                     uuid=str(properties.uuid) if hasattr(properties, "uuid") else None,
+                     shared_by=int(shared_by) if shared_by and shared_by.isdigit() else None)
+    return placement
 
 
 def _train(config: Config, comm: TorchComm, writer: RecordWriter, device: torch.device) -> RunResult:
@@ -136,7 +199,8 @@ def _train(config: Config, comm: TorchComm, writer: RecordWriter, device: torch.
     algorithm_cls = get_algorithm(config.algorithm.name)
     params = from_dict(algorithm_cls.Params, config.algorithm.params, "algorithm.params")
     context = AlgorithmContext(
-        model=model, comm=comm, loss_fn=loss_fn, optimizer=config.optimizer, lr=config.lr, device=device
+        model=model, comm=comm, loss_fn=loss_fn, optimizer=config.optimizer, lr=config.lr, device=device,
+        min_compute_s=config.min_compute_s,
     )
     algorithm = algorithm_cls(params, context)
     membership = _Membership(comm, writer)
@@ -189,6 +253,7 @@ def _train(config: Config, comm: TorchComm, writer: RecordWriter, device: torch.
             lr=lr,
             step_s=step_s,
             compute_s=step_s - blocked if blocked is not None else None,
+            compute_unpadded_s=algorithm.compute_unpadded_s,  # forward + backward before a profile's padding
             comm_blocked_s=blocked,
             bytes_sent=sent_1 - sent_0,
             bytes_recv=recv_1 - recv_0,

@@ -202,6 +202,20 @@ def rate_warnings(rows: list[dict], min_ratio: float = VerifyOptions.min_rate_ra
             for r in rows if r.get("rate_mbit") is not None and r["rate_ratio"] < min_ratio]
 
 
+def _emulated(plan: Plan, src, dst, row: dict) -> dict:
+    """On a dilated network (plan.time_dilation = K): the topology's spec and what was measured, in
+    emulated units (times / K, rates x K). The rows' other fields are what the network applies and
+    what was measured on it (RTT = K x the topology's, rate = its / K)."""
+    k = plan.time_dilation
+    there, back = plan.emulated_link(src, dst), plan.emulated_link(dst, src)
+    out = {"time_dilation": k,
+           "rtt_emulated_spec_ms": round(there.one_way_delay_ms + back.one_way_delay_ms, 4),
+           "rtt_emulated_p50_ms": (row["rtt_p50_ms"] - row["probe_base_ms"]) / k,
+           "rate_emulated_spec_mbit": there.rate_bit_s / 1e6,
+           "rate_emulated_mbit": None if row.get("rate_mbit") is None else row["rate_mbit"] * k}
+    return out
+
+
 def verify(plan: Plan, options: VerifyOptions = VerifyOptions(),
            progress: Optional[Callable[[str], None]] = None) -> list[dict]:
     """Measure every ordered pair; one row per pair with spec and measured values."""
@@ -246,6 +260,8 @@ def verify(plan: Plan, options: VerifyOptions = VerifyOptions(),
                 row.update(measure_throughput(src, dst, options, row["rtt_spec_ms"]))
                 row["rate_ratio"] = row["rate_mbit"] / row["rate_spec_mbit"]
                 row["rate_below_min"] = row["rate_ratio"] < options.min_rate_ratio
+            if plan.time_dilation != 1.0:
+                row.update(_emulated(plan, src, dst, row))
             rows.append(row)
     finally:
         stop_processes(servers, grace_s=3)

@@ -12,6 +12,7 @@ dataclass (checked in ``__post_init__``) and an explicit state object, then one 
 from __future__ import annotations
 
 import copy
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Iterable, Optional
@@ -40,6 +41,8 @@ class AlgorithmContext:
         optimizer: local optimizer settings.
         lr: initial learning rate (the runner calls ``set_lr`` every step).
         device: compute device.
+        min_compute_s: pad forward + backward to at least this many seconds (a compute profile;
+            None: no padding). See :meth:`Algorithm.pad_compute`.
     """
 
     model: nn.Module
@@ -48,6 +51,7 @@ class AlgorithmContext:
     optimizer: OptimizerConfig
     lr: float
     device: torch.device
+    min_compute_s: Optional[float] = None
 
 
 @dataclass
@@ -91,6 +95,8 @@ class Algorithm(ABC):
         # Set by the runner on a restarted rank: setup() then skips the start-up broadcast (the
         # others are long past it) and load_rejoin_state() brings the state instead.
         self.rejoining = False
+        # Seconds the last forward + backward took before padding (None: not measured this step).
+        self.compute_unpadded_s: Optional[float] = None
 
     # -- the interface the runner calls -------------------------------------------------------
 
@@ -156,12 +162,27 @@ class Algorithm(ABC):
         return torch.optim.AdamW(parameters, lr=self.ctx.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
 
     def forward_backward(self, batch: tuple, model: Optional[nn.Module] = None) -> float:
-        """Zero gradients, compute the loss on ``batch`` and back-propagate; returns the loss."""
+        """Zero gradients, compute the loss on ``batch`` and back-propagate (padded to the compute
+        profile, :meth:`pad_compute`); returns the loss."""
+        started = time.perf_counter()
         model = model or self.model
         self.optimizer.zero_grad(set_to_none=False)
         loss = self.ctx.loss_fn(model, batch)
         loss.backward()
+        self.pad_compute(started)
         return loss.item()
+
+    def pad_compute(self, started: float) -> None:
+        """Record the compute time since ``started`` (``compute_unpadded_s``) and, with a compute
+        profile (``min_compute_s``), sleep until that much time has passed: the step then takes
+        the profiled accelerator's time, communication in flight overlapping it as it would."""
+        if self.ctx.device.type == "cuda":
+            torch.cuda.synchronize(self.ctx.device)
+        self.compute_unpadded_s = time.perf_counter() - started
+        if self.ctx.min_compute_s:
+            left = self.ctx.min_compute_s - self.compute_unpadded_s
+            if left > 0:
+                time.sleep(left)
 
     def broadcast_tensors(self, tensors: list[torch.Tensor], src: int) -> None:
         """Overwrite ``tensors`` on every rank with rank ``src``'s values, in one message per dtype."""

@@ -29,6 +29,8 @@ broadcast, evaluation) run only when no slice is in flight, so they stay in step
 
 from __future__ import annotations
 
+import time
+
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -160,6 +162,7 @@ class P3(Algorithm):
         # Otherwise .grad still holds last step's local gradients, some not yet sent; each layer's are
         # zeroed when its update is applied, so all are zero before this step's backward.
         self._recording_order = not self.slices
+        started = time.perf_counter()
         loss = self.ctx.loss_fn(self.model, batch)  # pre-hooks apply last step's updates layer by layer
         self._recording_order = False
         self.flush()  # layers the forward pass did not call
@@ -172,6 +175,7 @@ class P3(Algorithm):
             applied=[False] * len(self.layers),
         )
         loss.backward()  # gradient hooks mark parameters ready and launch slices
+        self.pad_compute(started)  # a compute profile's step time; the slices in flight overlap it
         for i, param in enumerate(self.trainable):
             if self.state.round.ready[i] == 0:  # not used by this batch: reduce a zero gradient, as sync does
                 if param.grad is None:

@@ -1,0 +1,98 @@
+"""Time dilation on the harness side (harness/dilation.py): what the ranks are given, what the
+fault timeline waits for, and what the results report."""
+
+import json
+
+import pytest
+
+from emulator.dilation import DilatedLinks
+from emulator.linkspec import LinkSpec
+from emulator.schema import ConfigError
+from harness.dilation import dilated_trainer_config, load_profile
+from harness.faults import FaultEvent, FaultTimeline
+from harness.results import load_run, summarize
+from harness.scenario import load_scenario
+from tests.harness.test_report import FakeJob, write_run
+
+SCENARIO = """
+topology: lan.yaml
+time_dilation: 4
+compute_profile: v100-resnet50-fp32-b64
+workload:
+  model: {name: mlp}
+  dataset: {name: digits}
+stop: {steps: 50, time_budget_s: 30}
+algorithms:
+  - {name: sync}
+"""
+
+
+def test_every_duration_handed_to_the_ranks_is_k_times_longer():
+    config = {"time_budget_s": 30.0, "eval_every_s": 2.0, "min_compute_s": 0.18, "lr": 0.1, "steps": 50}
+    slow = dilated_trainer_config(config, 4.0)
+    assert (slow["time_budget_s"], slow["eval_every_s"], slow["min_compute_s"]) == (120.0, 8.0, 0.72)
+    assert (slow["lr"], slow["steps"]) == (0.1, 50)          # not durations
+    assert slow["comm"]["timeout_s"] == 4 * 300.0          # the trainers' default, dilated too
+    assert config == {"time_budget_s": 30.0, "eval_every_s": 2.0, "min_compute_s": 0.18, "lr": 0.1, "steps": 50}
+    assert dilated_trainer_config(config, 1.0) == config
+
+
+def test_a_scenario_states_its_dilation_and_the_accelerator_it_stands_for(write_yaml):
+    scenario = load_scenario(write_yaml(SCENARIO, "s.yaml"))
+    assert scenario.time_dilation == 4.0
+    # emulated seconds in the job; the run dilates them
+    assert scenario.jobs[0].trainer_config["min_compute_s"] == load_profile("v100-resnet50-fp32-b64").step_s == 0.18
+    assert scenario.with_time_dilation(8.0).time_dilation == 8.0 and scenario.time_dilation == 4.0
+
+
+@pytest.mark.parametrize("change, message", [
+    (("time_dilation: 4", "time_dilation: 0.5"), r"s.yaml: time_dilation: .*greater than or equal to 1"),
+    (("compute_profile: v100-resnet50-fp32-b64", "compute_profile: tpu-v9"),
+     r"s.yaml: compute_profile: 'tpu-v9': no such file or profile \(profiles: .*v100-resnet50-fp32-b64"),
+])
+def test_bad_dilation_or_profile_is_one_line_naming_the_field(write_yaml, change, message):
+    with pytest.raises(ConfigError, match=message):
+        load_scenario(write_yaml(SCENARIO.replace(*change), "s.yaml"))
+
+
+def test_a_profile_without_its_source_is_refused(tmp_path):
+    (tmp_path / "p.yaml").write_text("name: x\nstep_s: 0.1\n")
+    with pytest.raises(ConfigError, match=r"p.yaml: source"):
+        load_profile(str(tmp_path / "p.yaml"))
+
+
+def test_fault_times_are_emulated_seconds_and_links_emulated_units(tmp_path):
+    applied = []
+
+    class Network:
+        def set_link(self, src, dst, spec):
+            applied.append((src, dst, spec))
+
+    base = {("a", "b"): LinkSpec(one_way_delay_ms=10.0, rate_bit_s=100e6, queue_bytes=10_000),
+            ("b", "a"): LinkSpec(one_way_delay_ms=10.0, rate_bit_s=100e6, queue_bytes=10_000)}
+    event = FaultEvent.model_validate({"at": "5s", "kind": "link_change", "from": "a", "to": "b", "delay": "20ms"})
+    timeline = FaultTimeline([event], base, DilatedLinks(Network(), 4.0), nodes=None,
+                             record_path=tmp_path / "faults.jsonl", time_dilation=4.0)
+    assert timeline.poll(19.9) == [] and applied == []      # due at 4 x 5 s of wall clock
+    [record] = timeline.poll(20.0)
+    assert record["due_s"] == 20.0 and "delay 20 ms" in record["effect"]   # said in emulated units
+    assert applied[0][2].one_way_delay_ms == 80.0 and applied[0][2].rate_bit_s == 25e6  # applied dilated
+
+
+def test_a_dilated_run_reports_the_same_figures_as_the_undilated_one(tmp_path):
+    """The same job recorded at K = 4 (every wall-clock time 4x longer) summarizes like K = 1."""
+    def run(root, k):
+        jobs = [FakeJob("sync", steps=10, step_time_s=0.5 * k, blocked_s=0.2 * k, evals={4: 0.5, 9: 0.95}),
+                FakeJob("local_sgd", steps=10, step_time_s=0.25 * k, blocked_s=0.05 * k, evals={4: 0.6, 9: 0.95})]
+        run_dir = write_run(root, jobs, stop={"time_budget_s": 100.0})
+        scenario = json.loads((run_dir / "scenario.json").read_text())
+        scenario["spec"]["time_dilation"] = k
+        (run_dir / "scenario.json").write_text(json.dumps(scenario))
+        return summarize(load_run(run_dir))
+
+    plain, dilated = run(tmp_path / "k1", 1.0), run(tmp_path / "k4", 4.0)
+    assert list(dilated["time_dilation"]) == [4.0, 4.0] and list(plain["time_dilation"]) == [1.0, 1.0]
+    for column in ("time_to_target_s", "train_time_s", "steps_per_s", "speedup_vs_sync", "comm_blocked_fraction",
+                   "compute_s_per_step", "compute_comm_ratio", "output_sync_s"):
+        assert list(dilated[column]) == pytest.approx(list(plain[column])), column
+    assert plain["time_to_target_s"].notna().all() and plain["compute_comm_ratio"].notna().all()
