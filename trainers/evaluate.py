@@ -19,7 +19,9 @@ the index is used. It talks to no rank and never deletes a snapshot. As a progra
 priority (nice 19) with one intra-op thread; ``--follow`` evaluates snapshots as they appear until
 every rank's records end with a status record (or ``--until-file`` exists), and
 ``--stop-at-target`` writes the STOP file when ``target_accuracy`` of the config is reached (a run
-without the harness). As a library: :func:`evaluate_job` (after the job) or :class:`JobEvaluator`.
+without the harness). Each look reads only what the ranks appended to their records since the last
+one (:class:`RankRecords`), so a look costs the same late in a long job as early on. As a library:
+:func:`evaluate_job` (after the job) or :class:`JobEvaluator`.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+
+from trainers.records import RecordTail
+from trainers.snapshots import SnapshotLister
 
 EVAL_FILE = "eval.jsonl"
 
@@ -57,6 +62,68 @@ class RankStates:
             if step is not None and changed_at <= step:
                 live = ranks
         return live
+
+
+class RankRecords:
+    """Follows a job's ``rank<N>.jsonl`` files and keeps their :class:`RankStates` up to date.
+
+    Each :meth:`read` parses only what the ranks appended since the last one
+    (:class:`trainers.records.RecordTail`: a byte offset per file, a line cut mid-write left for
+    the next read), so following a job costs its new records, not all of them at every look. If a
+    file was replaced, shrank or went away, every file is read again from the start: the states
+    are always those of reading the files whole at that moment.
+
+    Args:
+        job_dir: the job's output_dir.
+    """
+
+    def __init__(self, job_dir: str | Path):
+        self.job_dir = Path(job_dir)
+        self.states = RankStates()  # updated in place by read()
+        self.lines_parsed = 0  # lines decoded so far, over every file and every read
+        self._tails: dict[int, RecordTail] = {}
+
+    def read(self) -> RankStates:
+        """The states after the records appended since the last call (see the class docstring)."""
+        paths = {}
+        for path in self.job_dir.glob("rank*.jsonl"):
+            name = path.name[4:-6]
+            if name.isdigit():
+                paths[int(name)] = path
+        if set(self._tails) - set(paths):
+            self._start_over()
+        for rank in sorted(paths):
+            tail = self._tails.setdefault(rank, RecordTail(paths[rank]))
+            parsed_before = tail.lines_parsed
+            rows = tail.read_new()
+            self.lines_parsed += tail.lines_parsed - parsed_before
+            if tail.restarted:  # this file is not the one read so far: what it said must go too
+                self._start_over()
+                return self.read()  # once: after a start over no file has an offset to lose
+            self._apply(rank, rows)
+        return self.states
+
+    def _apply(self, rank: int, rows: list[dict]) -> None:
+        states = self.states
+        for row in rows:
+            kind = row.get("kind")
+            if kind == "start":
+                states.world_size = row["world_size"]
+            elif kind == "output":
+                states.roles[rank] = row["role"]
+            elif kind == "snapshot":
+                states.snapshot_steps.setdefault(rank, {})[row["eval_index"]] = row["step"]
+            elif kind == "membership" and rank == 0:
+                states.membership.append((row["step"], set(row["live"])))
+        if rows:  # ended: the last record is a status record (a restarted rank's start follows one)
+            if rows[-1].get("kind") == "status":
+                states.ended.add(rank)
+            else:
+                states.ended.discard(rank)
+
+    def _start_over(self) -> None:
+        self.states = RankStates()
+        self._tails = {}
 
 
 class JobEvaluator:
@@ -85,52 +152,56 @@ class JobEvaluator:
                                  self.data.num_classes, self.config.seed).to(self.device)
         self.trainable = [name for name, p in self.model.named_parameters() if p.requires_grad]
         self.done_through = -1  # the largest eval_index evaluated so far
+        self.records = RankRecords(self.job_dir)
+        self.states = self.records.states  # as of the last refresh()
+        self._snapshot_lister = SnapshotLister(self.job_dir)
 
     # -- what the ranks say about themselves ----------------------------------------------------
 
-    def rank_states(self) -> "RankStates":
-        """What the ranks' records say so far (see :class:`RankStates`)."""
-        from trainers.records import read_records
+    def refresh(self) -> RankStates:
+        """Read what the ranks appended to their records since the last refresh (only that: see
+        :class:`RankRecords`); returns the updated :attr:`states` (the evaluator's own object,
+        changed in place by later refreshes: copy it to keep a moment's states)."""
+        self.states = self.records.read()
+        return self.states
 
-        states = RankStates()
-        for path in self.job_dir.glob("rank*.jsonl"):
-            name = path.name[4:-6]
-            if not name.isdigit():
-                continue
-            rank = int(name)
-            rows = _read_complete(path, read_records)
-            for row in rows:
-                if row["kind"] == "start":
-                    states.world_size = row["world_size"]
-                elif row["kind"] == "output":
-                    states.roles[rank] = row["role"]
-                elif row["kind"] == "snapshot":
-                    states.snapshot_steps.setdefault(rank, {})[row["eval_index"]] = row["step"]
-                elif row["kind"] == "membership" and rank == 0:
-                    states.membership.append((row["step"], set(row["live"])))
-            if rows and rows[-1]["kind"] == "status":
-                states.ended.add(rank)
-        return states
+    def rank_states(self) -> RankStates:
+        """What the ranks' records say so far (see :class:`RankStates`): :meth:`refresh`."""
+        return self.refresh()
 
-    def finished(self) -> bool:
-        """True once every rank's records end with a status record."""
-        states = self.rank_states()
+    def finished(self, refresh: bool = True) -> bool:
+        """True once every rank's records end with a status record.
+
+        Args:
+            refresh: read the records' news first; False: decide on :attr:`states` as they are
+                (one read per look when the caller has just refreshed, as :func:`run_evaluator` does).
+        """
+        states = self.refresh() if refresh else self.states
         return states.world_size is not None and states.ended >= set(range(states.world_size))
+
+    def snapshots(self) -> dict[int, dict[int, Path]]:
+        """Every complete snapshot now, {rank: {eval_index: path}} (listed anew each call)."""
+        return self._snapshot_lister.list()
 
     # -- evaluation -----------------------------------------------------------------------------
 
-    def poll(self, job_over: bool = False) -> list[dict]:
+    def poll(self, job_over: bool = False, refresh: bool = True) -> list[dict]:
         """Evaluate every eval_index that is complete and not evaluated yet; returns the rows.
 
         An index is complete when every rank taking part has a snapshot at or after it, or has
         ended (``job_over``: treat every rank as ended, e.g. after the job). The ranks taking part
         are those that write snapshots, less those rank 0's ``membership`` records (tcp comm) say
         were not live at the index's step (a crashed rank's last replica is not averaged in).
-        """
-        from trainers.snapshots import list_snapshots
 
-        snapshots = list_snapshots(self.job_dir)
-        states = self.rank_states()
+        The snapshots are listed after the records are read: a rank writes every snapshot before
+        the status record that ends it, so a rank seen ended has all of its snapshots listed.
+
+        Args:
+            job_over: every rank has ended (after the job, or the harness says so).
+            refresh: read the records' news first (False: use :attr:`states` as they are).
+        """
+        states = self.refresh() if refresh else self.states
+        snapshots = self.snapshots()
         if job_over or states.world_size is None or len(states.roles) < states.world_size:
             # Without every rank's output record, those that wrote snapshots are the contributors.
             contributors = sorted(snapshots) if job_over or states.world_size is None else []
@@ -237,21 +308,6 @@ def _mean_state(states: list[dict]) -> dict[str, torch.Tensor]:
     return out
 
 
-def _read_complete(path: Path, reader) -> list[dict]:
-    """Records of a file another process is appending to (a last line cut mid-write is left out)."""
-    try:
-        return reader(path)
-    except json.JSONDecodeError:
-        lines = path.read_text().splitlines()
-        rows = []
-        for line in lines:
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-        return rows
-
-
 def evaluate_job(job_dir: str | Path, device: str = "cpu") -> list[dict]:
     """Every eval point of a finished job, in eval_index order (writes nothing)."""
     return JobEvaluator(job_dir, device).poll(job_over=True)
@@ -266,16 +322,19 @@ def run_evaluator(job_dir: str | Path, follow: bool = False, until_file: Optiona
 
     evaluator = JobEvaluator(job_dir, device)
     out_path = Path(job_dir) / EVAL_FILE
-    if out_path.exists():
-        previous = [r for r in _read_complete(out_path, _read_jsonl) if r.get("kind") == "eval"]
-        evaluator.done_through = max((r["eval_index"] for r in previous), default=-1)
+    previous = [r for r in RecordTail(out_path).read_new() if r.get("kind") == "eval"]  # a cut last line left out
+    evaluator.done_through = max((r["eval_index"] for r in previous), default=-1)
     target = evaluator.config.target_accuracy
     written: list[dict] = []
     stop_written = False
     with open(out_path, "a", buffering=1) as handle:
         while True:
-            over = not follow or evaluator.finished() or (until_file is not None and Path(until_file).exists())
-            rows = evaluator.poll(job_over=over)
+            # The records are read once per look, after the until-file check (so they hold what
+            # the ranks wrote before it appeared) and before the snapshots are listed (poll).
+            told_over = until_file is not None and Path(until_file).exists()
+            evaluator.refresh()
+            over = not follow or told_over or evaluator.finished(refresh=False)
+            rows = evaluator.poll(job_over=over, refresh=False)
             for row in rows:
                 handle.write(json.dumps(row) + "\n")
                 handle.flush()
@@ -286,11 +345,6 @@ def run_evaluator(job_dir: str | Path, follow: bool = False, until_file: Optiona
             if over:
                 return written
             time.sleep(poll_s)
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    with open(path) as handle:
-        return [json.loads(line) for line in handle if line.strip()]
 
 
 def main(argv: list[str] | None = None) -> int:

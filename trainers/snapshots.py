@@ -113,6 +113,60 @@ def list_snapshots(output_dir: str | Path) -> dict[int, dict[int, Path]]:
     return found
 
 
+class SnapshotLister:
+    """:func:`list_snapshots` for a reader that looks again every fraction of a second.
+
+    Every call lists the folders anew (the same answer as :func:`list_snapshots` at that moment,
+    no guessing from timestamps), but the names are compared as sets and only the new ones are
+    parsed and made into paths, so a call costs little more than the directory listing itself.
+
+    Args:
+        output_dir: the job's output folder.
+    """
+
+    def __init__(self, output_dir: str | Path):
+        self.root = Path(output_dir) / SNAPSHOT_DIR
+        self._names: dict[int, frozenset[str]] = {}  # rank -> the folder's names at the last call
+        self._found: dict[int, dict[int, Path]] = {}  # rank -> {eval_index: path} of those names
+
+    def list(self) -> dict[int, dict[int, Path]]:
+        """Every complete snapshot now: {rank: {eval_index: path}} (a fresh dict; temporary files skipped)."""
+        try:
+            entries = [(entry.name, entry.path) for entry in os.scandir(self.root)
+                       if entry.name.startswith("rank") and entry.name[4:].isdigit() and entry.is_dir()]
+        except (FileNotFoundError, NotADirectoryError):
+            entries = []
+        found: dict[int, dict[int, Path]] = {}
+        seen = set()
+        for name, path in entries:
+            rank = int(name[4:])
+            seen.add(rank)
+            try:
+                names = frozenset(os.listdir(path))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            if names != self._names.get(rank):
+                self._update(rank, Path(path), names)
+            if self._found[rank]:
+                found[rank] = dict(self._found[rank])
+        for rank in set(self._names) - seen:
+            del self._names[rank], self._found[rank]
+        return found
+
+    def _update(self, rank: int, folder: Path, names: frozenset[str]) -> None:
+        before = self._names.get(rank, frozenset())
+        # Temporary files come and go; a snapshot going away (our writers never do that): parse all again.
+        if any(_NAME.match(name) for name in before - names):
+            files, new_names = {}, names
+        else:
+            files, new_names = self._found.get(rank, {}), names - before
+        for name in new_names:
+            match = _NAME.match(name)
+            if match:
+                files[int(match.group(1))] = folder / name
+        self._names[rank], self._found[rank] = names, files
+
+
 def load_snapshot(path: str | Path) -> dict:
     """Read one snapshot written by :func:`write_snapshot` (on CPU)."""
     return torch.load(path, map_location="cpu", weights_only=True)
