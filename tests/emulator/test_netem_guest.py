@@ -294,7 +294,9 @@ def test_rate_of_every_pair(guest_results, backend):
         src, dst = (plan.node(name) for name in pair.split(">"))
         rate = plan.link(src, dst).rate_bit_s
         assert flow["protocol"] == "tcp"
-        assert 0.8 * rate <= flow["mbit"] * 1e6 <= rate, f"{pair}: TCP {flow['mbit']:.2f} Mbit/s"
+        # iperf3 times its intervals with the guest's clock: in a starved guest a late timer shortens
+        # an interval (CI read 6.01 Mbit/s on a 6 Mbit/s link), the same 3% as the UDP bound above
+        assert 0.8 * rate <= flow["mbit"] * 1e6 <= 1.03 * rate, f"{pair}: TCP {flow['mbit']:.2f} Mbit/s"
 
 
 def _loss_bound(fraction: float, packets: int) -> float:
