@@ -22,11 +22,9 @@ import os
 from typing import Mapping, Optional, Sequence
 
 from emulator.netns import SystemCheckError
+# The variables the harness hands a rank, by the names trainers/runner.py reads (docs/GPU.md).
+from trainers.config import COMM_BACKEND_VARIABLE, GPU_REASON_VARIABLE, GPU_SHARED_BY_VARIABLE, CommConfig, Config
 
-# The variables the harness hands a rank (read by trainers/runner.py; docs/GPU.md).
-COMM_BACKEND_VARIABLE = "WANBENCH_COMM_BACKEND"   # the backend the rank must use instead of comm.backend
-SHARED_BY_VARIABLE = "WANBENCH_GPU_SHARED_BY"     # ranks of the job on this rank's GPU
-REASON_VARIABLE = "WANBENCH_GPU_REASON"           # why this GPU and this backend, one line
 # What a job falls back to when its ranks must share GPUs: gloo takes CUDA tensors (staged through
 # the CPU by trainers/comm.py) and runs our own all-reduce (comm.allreduce) over its messages.
 FALLBACK_BACKEND = "gloo"
@@ -74,8 +72,8 @@ class GpuPlacement:
         """
         if self.gpu is None:
             return {}
-        env = {"CUDA_VISIBLE_DEVICES": self.gpu, SHARED_BY_VARIABLE: str(self.shared_by),
-               REASON_VARIABLE: self.reason}
+        env = {"CUDA_VISIBLE_DEVICES": self.gpu, GPU_SHARED_BY_VARIABLE: str(self.shared_by),
+               GPU_REASON_VARIABLE: self.reason}
         if self.backend is not None and self.fell_back:
             env[COMM_BACKEND_VARIABLE] = self.backend
         return env
@@ -186,8 +184,6 @@ def place_job(trainer_config: Optional[Mapping], world: int, environ: Mapping[st
               visible: Optional[Sequence[str]] = None) -> list[GpuPlacement]:
     """`place_ranks` for a job: its trainer config (None for a user's command) and this machine's
     GPUs (looked up only where the job may use one)."""
-    from trainers.config import CommConfig, Config  # the trainers' own defaults, written once
-
     if trainer_config is None:
         device, backend = None, None
     else:

@@ -269,6 +269,13 @@ class LRScheduleConfig:
         require_float("gamma", self.gamma, minimum=0.0, maximum=1.0, min_exclusive=True)
 
 
+# What a launcher that places ranks on GPUs (the harness: harness/gpus.py, docs/GPU.md) tells a
+# rank besides CUDA_VISIBLE_DEVICES; trainers/runner.py reads them. Here, not in the runner, so that
+# the harness can import them without torch.
+COMM_BACKEND_VARIABLE = "WANBENCH_COMM_BACKEND"  # the comm backend to run instead of comm.backend
+GPU_SHARED_BY_VARIABLE = "WANBENCH_GPU_SHARED_BY"  # how many of the job's ranks share this rank's GPU
+GPU_REASON_VARIABLE = "WANBENCH_GPU_REASON"  # why this GPU and this backend, one line
+
 @dataclass
 class AlgorithmConfig:
     """Distributed algorithm: a registry name from trainers.algorithms and its hyperparameters."""

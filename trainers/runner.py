@@ -30,7 +30,8 @@ import torch
 
 from trainers.algorithms import AlgorithmContext, get_algorithm
 from trainers.comm import Comm, PeerLost, TorchComm
-from trainers.config import Config, from_dict, require_choice, to_dict
+from trainers.config import (COMM_BACKEND_VARIABLE, GPU_REASON_VARIABLE, GPU_SHARED_BY_VARIABLE, Config,
+                             from_dict, require_choice, to_dict)
 from trainers.datasets import BatchSampler, load_dataset, shard_indices
 from trainers.launch import free_port
 from trainers.loading import check_comm_backend, uses_elastic_comm
@@ -41,11 +42,6 @@ from trainers.stop import StopRequest, StopWatcher, stop_step_from_records, writ
 from trainers.training import loss_fn, lr_at
 
 
-# What a launcher tells a rank about its device; harness/gpus.py sets them (the names are checked
-# against its own by tests/harness/test_gpu_env.py: trainers import nothing of the harness).
-COMM_BACKEND_VARIABLE = "WANBENCH_COMM_BACKEND"  # the comm backend to run instead of comm.backend
-GPU_SHARED_BY_VARIABLE = "WANBENCH_GPU_SHARED_BY"  # how many of the job's ranks share this rank's GPU
-GPU_REASON_VARIABLE = "WANBENCH_GPU_REASON"  # why this GPU and this backend, one line
 # The backends a launcher may impose: the torch.distributed ones (tcp is the config's own choice,
 # tied to the algorithm's crash tolerance).
 LAUNCHER_BACKENDS = ("gloo", "nccl")

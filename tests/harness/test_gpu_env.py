@@ -59,9 +59,9 @@ def test_four_ranks_on_four_gpus_each_get_their_own_and_may_use_nccl():
     assert all(p.backend == "nccl" and not p.fell_back for p in placements)
     env = placements[2].environment()
     assert env["CUDA_VISIBLE_DEVICES"] == "2"
-    assert env[gpus.SHARED_BY_VARIABLE] == "1"
+    assert env[gpus.GPU_SHARED_BY_VARIABLE] == "1"
     assert gpus.COMM_BACKEND_VARIABLE not in env  # nothing to override
-    assert "its own GPU" in env[gpus.REASON_VARIABLE]
+    assert "its own GPU" in env[gpus.GPU_REASON_VARIABLE]
 
 
 def test_four_ranks_on_one_gpu_share_it_and_fall_back_to_gloo():
@@ -70,8 +70,8 @@ def test_four_ranks_on_one_gpu_share_it_and_fall_back_to_gloo():
     assert all(p.shared_by == 4 and not p.nccl_allowed for p in placements)
     assert all(p.backend == "gloo" and p.requested_backend == "nccl" and p.fell_back for p in placements)
     env = placements[3].environment()
-    assert env == {"CUDA_VISIBLE_DEVICES": "0", gpus.SHARED_BY_VARIABLE: "4",
-                   gpus.COMM_BACKEND_VARIABLE: "gloo", gpus.REASON_VARIABLE: placements[3].reason}
+    assert env == {"CUDA_VISIBLE_DEVICES": "0", gpus.GPU_SHARED_BY_VARIABLE: "4",
+                   gpus.COMM_BACKEND_VARIABLE: "gloo", gpus.GPU_REASON_VARIABLE: placements[3].reason}
     assert "4 ranks share 1 GPU" in placements[3].reason and "nccl needs a GPU per rank" in placements[3].reason
     record = placements[0].record()
     assert record["fell_back"] is True and record["backend"] == "gloo" and record["gpu"] == "0"
@@ -172,8 +172,8 @@ def test_job_ranks_share_one_gpu_and_are_told_to_use_gloo(write_yaml, tmp_path, 
     envs = [ranks._environment(node, restarts=0) for node in ranks.plan.nodes]
     assert {env["CUDA_VISIBLE_DEVICES"] for env in envs} == {"0"}
     assert {env[gpus.COMM_BACKEND_VARIABLE] for env in envs} == {"gloo"}
-    assert {env[gpus.SHARED_BY_VARIABLE] for env in envs} == {"4"}
-    assert all("nccl needs a GPU per rank" in env[gpus.REASON_VARIABLE] for env in envs)
+    assert {env[gpus.GPU_SHARED_BY_VARIABLE] for env in envs} == {"4"}
+    assert all("nccl needs a GPU per rank" in env[gpus.GPU_REASON_VARIABLE] for env in envs)
 
 
 def test_a_cpu_job_keeps_its_environment(write_yaml, tmp_path, node_interface, monkeypatch):
@@ -194,8 +194,8 @@ def test_a_cuda_job_on_this_machine_fails_before_any_rank_starts(write_yaml, tmp
 # What the rank does with it ----------------------------------------------------------------------------
 def test_the_trainers_read_the_variables_the_harness_sets():
     assert runner.COMM_BACKEND_VARIABLE == gpus.COMM_BACKEND_VARIABLE
-    assert runner.GPU_SHARED_BY_VARIABLE == gpus.SHARED_BY_VARIABLE
-    assert runner.GPU_REASON_VARIABLE == gpus.REASON_VARIABLE
+    assert runner.GPU_SHARED_BY_VARIABLE == gpus.GPU_SHARED_BY_VARIABLE
+    assert runner.GPU_REASON_VARIABLE == gpus.GPU_REASON_VARIABLE
     assert gpus.FALLBACK_BACKEND in runner.LAUNCHER_BACKENDS
 
 
@@ -212,7 +212,7 @@ def test_a_rank_runs_the_backend_the_launcher_imposed(tmp_path):
 
 
 def test_the_start_record_says_cpu_and_the_launchers_reason():
-    placement = runner._placement(torch.device("cpu"), "gloo", "gloo", {gpus.REASON_VARIABLE: "device: cpu"})
+    placement = runner._placement(torch.device("cpu"), "gloo", "gloo", {gpus.GPU_REASON_VARIABLE: "device: cpu"})
     assert placement == {"gpu": None, "backend": "gloo", "backend_requested": "gloo", "fell_back": False,
                          "shared_by": None, "reason": "device: cpu"}
 
