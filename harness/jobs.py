@@ -27,6 +27,7 @@ from emulator.processes import stop as stop_processes
 
 from .faults import FaultTimeline, LinkControl
 from .gpus import nccl_environment, place_job
+from trainers.records import RecordTail
 from trainers.stop import stop_step_from_records, write_stop
 
 from .paths import PROJECT_ROOT
@@ -309,7 +310,7 @@ class StopDecider:
         self.budget_steps = budget_steps
         self.budget_time_s = budget_time_s
         self.decision: Optional[dict] = None
-        self._offset = 0
+        self._evals: Optional[RecordTail] = None  # follows eval.jsonl
         self._reached = False
 
     @property
@@ -317,17 +318,12 @@ class StopDecider:
         return self.target_accuracy is not None
 
     def _new_evals(self) -> list[dict]:
-        from trainers.evaluate import EVAL_FILE  # (imports torch: not at the harness's start-up)
+        """The evaluator's records since the last look (a line still being written waits)."""
+        if self._evals is None:
+            from trainers.evaluate import EVAL_FILE  # (imports torch: not at the harness's start-up)
 
-        try:
-            with open(self.job_dir / EVAL_FILE, "rb") as handle:
-                handle.seek(self._offset)
-                data = handle.read()
-        except OSError:
-            return []
-        complete = data[:data.rfind(b"\n") + 1]  # a line still being written waits for the next look
-        self._offset += len(complete)
-        return [json.loads(line) for line in complete.splitlines() if line.strip()]
+            self._evals = RecordTail(self.job_dir / EVAL_FILE)
+        return self._evals.read_new()
 
     def poll(self, elapsed_s: float) -> Optional[dict]:
         """The decision once taken (and the STOP file written), else None."""

@@ -20,6 +20,7 @@ from typing import Optional
 import pandas as pd
 
 from emulator.files import write_text_atomic
+from trainers.records import read_complete_records  # a crashed rank's torn line skipped, the rest kept
 
 SUMMARY_COLUMNS = [
     "network", "delay_scale", "rate", "nodes", "algorithm", "label", "seed", "status",
@@ -103,22 +104,6 @@ class RunFrames:
     time_dilation: float = 1.0              # the records' times were divided by this (see load_run)
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    rows = []
-    with open(path) as handle:
-        for line in handle:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                # A torn line of a crashed rank: skip it and keep the rest (a restarted rank
-                # appends its records after it).
-                continue
-    return rows
-
-
 def _writer_offsets(records: list[dict]) -> list[float]:
     """Per record, the seconds to add to its `time_s` to put it on the file's first writer's clock.
 
@@ -199,7 +184,7 @@ def load_run(run_dir) -> RunFrames:
                      "base_label": info.get("base_label") or base["label"], "tuned": info.get("tuned") or {}})
         clock = _JobClock(records={})
         for rank_file in sorted(job_dir.glob("rank*.jsonl")):
-            records = _read_jsonl(rank_file)
+            records = read_complete_records(rank_file)
             offsets = _writer_offsets(records)
             start = _train_start_s(records, offsets)
             origin = _writer_origin_unix(records)
@@ -232,7 +217,7 @@ def load_run(run_dir) -> RunFrames:
         # Evaluations of the output model: the evaluator's eval.jsonl (off the wire and off the
         # training clock; its train_time_s is the ranks' training clock), or, in runs made before
         # it, rank 0's in-band eval records read above.
-        offwire = _read_jsonl(job_dir / "eval.jsonl") if (job_dir / "eval.jsonl").exists() else []
+        offwire = read_complete_records(job_dir / "eval.jsonl") if (job_dir / "eval.jsonl").exists() else []
         if offwire:
             evals[:] = [row for row in evals if row["job_id"] != base["job_id"]]
             evals += [{**base, **record, "rank": 0} for record in offwire if record.get("kind") == "eval"]
@@ -292,7 +277,7 @@ def _job_faults(job_dir: Path, base: dict, clock: _JobClock) -> list[dict]:
     had finished by then; a membership or rejoin record carries its own.
     """
     path = job_dir / "faults.jsonl"
-    harness = [r for r in _read_jsonl(path) if r.get("kind") == "fault"] if path.is_file() else []
+    harness = [r for r in read_complete_records(path) if r.get("kind") == "fault"] if path.is_file() else []
     zeros = [r["time_unix"] - r["applied_s"] for r in harness
              if r.get("time_unix") is not None and r.get("applied_s") is not None]
     job_start_unix = min(zeros) if zeros else clock.writers_start_unix

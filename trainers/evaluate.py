@@ -37,7 +37,7 @@ from typing import Optional
 
 import torch
 
-from trainers.records import RecordTail
+from trainers.records import RecordTail, read_complete_records
 from trainers.snapshots import SnapshotLister
 
 EVAL_FILE = "eval.jsonl"
@@ -322,7 +322,7 @@ def run_evaluator(job_dir: str | Path, follow: bool = False, until_file: Optiona
 
     evaluator = JobEvaluator(job_dir, device)
     out_path = Path(job_dir) / EVAL_FILE
-    previous = [r for r in RecordTail(out_path).read_new() if r.get("kind") == "eval"]  # a cut last line left out
+    previous = [r for r in read_complete_records(out_path) if r.get("kind") == "eval"]  # a cut last line left out
     evaluator.done_through = max((r["eval_index"] for r in previous), default=-1)
     target = evaluator.config.target_accuracy
     written: list[dict] = []

@@ -181,6 +181,13 @@ class RecordTail:
         self.offset, self._identity, self._head, self.restarted = 0, None, b"", True
 
 
+def read_complete_records(path: str | Path) -> list[dict]:
+    """The records of a JSONL file another process may still be appending to, or that a crashed
+    writer left a torn line in: a last line cut mid-write and complete lines that are not JSON are
+    left out (:class:`RecordTail`, read once); no file: no records."""
+    return RecordTail(path).read_new()
+
+
 def resolved_config_path(output_dir: str | Path) -> Path | None:
     """The file holding a run's resolved config: ``config.resolved.json``, else ``config.json``
     (older runs; in a run directory it is also the config the ranks were started from, which

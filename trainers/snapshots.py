@@ -99,22 +99,11 @@ def write_snapshot(output_dir: str | Path, rank: int, eval_index: int, step: int
 
 def list_snapshots(output_dir: str | Path) -> dict[int, dict[int, Path]]:
     """Every complete snapshot: {rank: {eval_index: path}} (temporary files are skipped)."""
-    found: dict[int, dict[int, Path]] = {}
-    root = Path(output_dir) / SNAPSHOT_DIR
-    if not root.is_dir():
-        return found
-    for folder in root.iterdir():
-        if not (folder.is_dir() and folder.name.startswith("rank") and folder.name[4:].isdigit()):
-            continue
-        for file in folder.iterdir():
-            match = _NAME.match(file.name)
-            if match:
-                found.setdefault(int(folder.name[4:]), {})[int(match.group(1))] = file
-    return found
+    return SnapshotLister(output_dir).list()
 
 
 class SnapshotLister:
-    """:func:`list_snapshots` for a reader that looks again every fraction of a second.
+    """The snapshots of a job, for a reader that looks again every fraction of a second.
 
     Every call lists the folders anew (the same answer as :func:`list_snapshots` at that moment,
     no guessing from timestamps), but the names are compared as sets and only the new ones are
