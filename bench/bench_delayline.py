@@ -69,6 +69,10 @@ TIMING_VARIANTS = {
     "staged": (),
     # the same, never sleeping more than 0.5 ms even when idle: faster wake-ups, idle CPU
     "staged-short": ("--max-sleep-us", "500"),
+    # the same, sleeping at most 50 us: close to polling, to show what waking faster would buy
+    "staged-poll": ("--max-sleep-us", "50"),
+    # staged, but frames stamped when read (before the kernel's arrival stamps, arrival.py)
+    "read-stamps": ("--read-stamps",),
 }
 
 
@@ -146,9 +150,11 @@ def iperf(client, server, seconds: int, omit: int, congestion: str, port: int = 
     return json.loads(out.stdout)
 
 
-def throughput_case(rate: str, rtt: str, seconds: int, omit: int, congestion: str) -> dict:
-    """One TCP flow over a two-node network with this rate, RTT and congestion control."""
-    with network(two_region_topology(rate, rtt)) as backend:
+def throughput_case(rate: str, rtt: str, seconds: int, omit: int, congestion: str,
+                    variant: str = "staged") -> dict:
+    """One TCP flow over a two-node network with this rate, RTT and congestion control, the delay
+    line running with TIMING_VARIANTS[variant]."""
+    with network(two_region_topology(rate, rtt), TIMING_VARIANTS[variant]) as backend:
         plan = backend.plan
         client, server = plan.nodes
         spec = plan.link(client, server)
@@ -168,6 +174,7 @@ def throughput_case(rate: str, rtt: str, seconds: int, omit: int, congestion: st
     pair = next(p for p in status["pairs"] if p["src"] == client.name and p["dst"] == server.name)
     return {
         "case": f"tcp {rate} rtt {rtt} {congestion}",
+        "variant": variant,
         "congestion": congestion,
         "rate_bit_s": spec.rate_bit_s,
         "rtt_ms": 2 * spec.one_way_delay_ms,
@@ -528,6 +535,8 @@ def main(argv=None) -> int:
                         help="seconds of ping per rate (at least 20 pings)")
     parser.add_argument("--timing-variants", default="single-sleep,staged",
                         help=f"delay-line timing policies for the sparse cases, from {tuple(TIMING_VARIANTS)}")
+    parser.add_argument("--tcp-variants", default="staged",
+                        help=f"delay-line policies for the TCP cases, from {tuple(TIMING_VARIANTS)}")
     parser.add_argument("--congestion", default="cubic,bbr",
                         help="TCP congestion controls to run each flow with (iperf3 -C), comma-separated")
     parser.add_argument("--loads", default=",".join(LOADS),
@@ -541,6 +550,10 @@ def main(argv=None) -> int:
     unknown = set(args.loads.split(",")) - set(LOADS)
     if unknown:
         parser.error(f"--loads: unknown {sorted(unknown)}; choose from {LOADS}")
+    for option, value in (("--timing-variants", args.timing_variants), ("--tcp-variants", args.tcp_variants)):
+        unknown = set(value.split(",")) - set(TIMING_VARIANTS)
+        if unknown:
+            parser.error(f"{option}: unknown {sorted(unknown)}; choose from {tuple(TIMING_VARIANTS)}")
     netns.check_root()
 
     env = bench_environment()
@@ -550,10 +563,12 @@ def main(argv=None) -> int:
         cases = [("100Mbit", "50ms", 10, 2), ("1Gbit", "200ms", 20, 8), ("5Gbit", "50ms", 15, 5)]
         if args.quick:
             cases = [(r, t, max(3, s // 3), max(1, o // 3)) for r, t, s, o in cases]
-        for (rate, rtt, seconds, omit), congestion in [(c, cc) for c in cases for cc in args.congestion.split(",")]:
-            row = throughput_case(rate, rtt, seconds, omit, congestion)
+        runs = [(c, cc, v) for c in cases for cc in args.congestion.split(",")
+                for v in args.tcp_variants.split(",")]
+        for (rate, rtt, seconds, omit), congestion, variant in runs:
+            row = throughput_case(rate, rtt, seconds, omit, congestion, variant)
             tcp_rows.append(row)
-            print(f"{row['case']:<30} steady {row['steady_goodput_bit_s'] / 1e6:8.1f} Mbit/s "
+            print(f"{variant:<12} {row['case']:<30} steady {row['steady_goodput_bit_s'] / 1e6:8.1f} Mbit/s "
                   f"({row['steady_pct_of_rate']:5.1f}% of rate, {row['steady_pct_of_ceiling']:5.1f}% of "
                   f"ceiling)  whole {row['whole_pct_of_rate']:5.1f}%  retr {row['retransmits']}  "
                   f"cpu {row['delayline_cpu_pct']:5.1f}% ({row['cpu_pct_per_gbit_s']:5.1f}%/Gbit/s)  "

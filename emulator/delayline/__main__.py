@@ -49,6 +49,9 @@ def main(argv=None) -> int:
     parser.add_argument("--keep-gso", action="store_true",
                         help="keep GSO frames whole on lossy links too (loss then drops whole "
                              "frames; for before/after comparisons only)")
+    parser.add_argument("--read-stamps", action="store_true",
+                        help="stamp frames when the loop reads them instead of with the kernel's "
+                             "arrival stamp (the policy before; for before/after comparisons only)")
     args = parser.parse_args(argv)
 
     def ready() -> None:
@@ -70,7 +73,7 @@ def main(argv=None) -> int:
                        early_wake_us=args.early_wake_us, staged_sleep=not args.single_sleep,
                        busy_poll_us=args.busy_poll_us, segment_lossy=not args.keep_gso,
                        max_sleep_us=args.max_sleep_us,
-                       read_batch=args.read_batch,
+                       read_batch=args.read_batch, kernel_stamps=not args.read_stamps,
                        realtime_priority=args.realtime_priority)
     print("delayline: stopped", file=sys.stderr, flush=True)
     return 0

@@ -12,9 +12,10 @@ the measured overshoot of the loop's own earlier sleeps (a 20 ms sleep overshot 
 p99 here, a 0.5 ms one 17 / 92 us). A single sleep until 30 us before the delivery (the policy
 before issue 12) left ping at 1 Hz 0.26-0.43 ms over the configured RTT. After dense traffic (a
 frame within `busy_poll_us` of the previous one) it keeps polling for `busy_poll_us` instead of
-sleeping. A frame that arrives while the loop sleeps is still stamped when the loop has woken up
-(a TUN fd has no SO_TIMESTAMP), so its wake-up latency stays in the RTT; the counters' `sleep`
-section shows the overshoots the loop measures.
+sleeping. A frame that arrives while the loop sleeps is stamped with the time the kernel handed
+it to the TUN device (a packet-socket tap per device, arrival.py: a TUN fd has no SO_TIMESTAMP),
+not when the woken loop read it, so the wake-up is not charged to the link; the counters'
+`sleep` and `arrival` sections show the overshoots and the waits the loop measures.
 
 Overload is made visible, never hidden: every delivery's lateness is recorded (lag), a line goes to
 stderr when more than 1% of deliveries are over 1 ms late for two intervals in a row, and the
@@ -36,9 +37,11 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, TextIO
 
+from .. import netns
 from ..files import write_text_atomic
 from ..plan import Plan
 from . import control
+from .arrival import ArrivalTap, open_tap, tap_counters
 from .device import device_name, open_node_device, set_segmentation
 from .packet import IPV4_DST_OFFSET, VNET_HDR_BYTES, wire_bytes
 from .scheduler import Scheduler
@@ -177,6 +180,8 @@ class DelayLine:
         read_batch: frames read from one device per loop turn, so one busy sender cannot starve
             the deliveries of all others.
         counters_interval_s: period (s) of counter writes and of the overload check.
+        kernel_stamps: stamp each frame with the time the kernel handed it to the TUN device (a
+            packet-socket tap per device, arrival.py) instead of the time the loop read it.
         realtime_priority: SCHED_FIFO priority (1-99) for the loop, 0 to stay a normal task.
         log: where warnings go (the backend points stderr at a log file in the state folder).
     """
@@ -188,6 +193,7 @@ class DelayLine:
                  segment_lossy: bool = True, max_sleep_us: Optional[float] = None,
                  read_batch: int = DEFAULT_READ_BATCH,
                  counters_interval_s: float = DEFAULT_COUNTERS_INTERVAL_S,
+                 kernel_stamps: bool = True,
                  realtime_priority: int = DEFAULT_REALTIME_PRIORITY, log: TextIO = sys.stderr,
                  links_path: Optional[Path] = None):
         if early_wake_us is not None and early_wake_us < 0:
@@ -218,6 +224,8 @@ class DelayLine:
             self.scheduler.add_pair(src.rank * self.node_count + dst.rank, spec)
         self.rank_by_address = {bytes(map(int, n.address.split("."))): n.rank for n in plan.nodes}
         self.fds: list[int] = []
+        self.kernel_stamps = kernel_stamps
+        self.taps: list[Optional[ArrivalTap]] = []  # per node, when kernel_stamps (None: no tap)
         self.segmenting: list[bool] = []  # per node: TSO refused, frames are wire packets
         self.unknown_destination = [0] * self.node_count   # per source node
         self.read_batches_full = 0
@@ -234,6 +242,12 @@ class DelayLine:
         self.segmenting = [self.segment_lossy and self.plan.segments_egress(node) for node in self.plan.nodes]
         for node, segment in zip(self.plan.nodes, self.segmenting):
             self.fds.append(open_node_device(self.plan, node, segment=segment))
+            if self.kernel_stamps:
+                with netns.entered(node.namespace):
+                    self.taps.append(open_tap(device_name(self.plan.prefix)))
+        if self.kernel_stamps and not all(self.taps):
+            print("delayline: WARNING no packet-socket tap on some devices; their frames are stamped "
+                  "when read (one wake-up late after a sleep)", file=self.log, flush=True)
 
     def update_segmentation(self) -> None:
         """Turn TSO off on the devices of nodes that now have a lossy outgoing link, on elsewhere.
@@ -257,6 +271,10 @@ class DelayLine:
 
     def close(self) -> None:
         """Close the TUN fds: the kernel removes the devices."""
+        for tap in self.taps:
+            if tap is not None:
+                tap.close()
+        self.taps = []
         for fd in self.fds:
             os.close(fd)
         self.fds = []
@@ -300,6 +318,7 @@ class DelayLine:
             "pending_packets": self.scheduler.pending(),
             "lag": self.lag.as_dict(),
             "sleep": self.sleeps.as_dict(),
+            "arrival": tap_counters(self.taps),
             "read_batches_full": self.read_batches_full,
             "write_errors": self.write_errors,
             "segmenting": [n.name for n, on in zip(self.plan.nodes, self.segmenting) if on],
@@ -470,6 +489,7 @@ class DelayLine:
         heap = scheduler._heap  # read-only peeks at the earliest delivery; pop_due does the popping
         deliver_due = self._deliver_due
         fds = self.fds
+        taps = self.taps if any(self.taps) else None
         rank_of_fd = {fd: rank for rank, fd in enumerate(fds)}
         rank_by_address = self.rank_by_address
         node_count = self.node_count
@@ -510,6 +530,7 @@ class DelayLine:
                         pass
                     continue
                 base = src * node_count
+                tap = taps[src] if taps is not None else None
                 for _ in range(batch):
                     try:
                         frame = read(fd, max_frame)
@@ -523,7 +544,10 @@ class DelayLine:
                         unknown[src] += 1
                         continue
                     size = len(frame) - vnet if frame[1] == 0 else wire_bytes(frame)
-                    offer(base + dst, frame, fds[dst], size, now)
+                    # the kernel's stamp: a frame that arrived while the loop slept is not
+                    # charged the wake-up (arrival.py)
+                    offer(base + dst, frame, fds[dst], size,
+                          now if tap is None else tap.stamp(frame, now, vnet))
                     if heap and heap[0][0] <= now:
                         deliver_due()
                 else:
