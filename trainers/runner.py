@@ -19,6 +19,7 @@ import dataclasses
 import io
 import os
 import platform
+import resource
 import socket
 import time
 import traceback
@@ -102,7 +103,8 @@ def run(config: Config) -> RunResult:
         writer.write("status", status="ok", steps=result.steps, stop_reason=result.stop_reason,
                      stop_step_passed=result.stop_step_passed, snapshot_s_total=writer.excluded_s,
                      comm_bytes_sent=comm.stats.bytes_sent, comm_bytes_recv=comm.stats.bytes_recv,
-                     comm_calls={op: s.calls for op, s in comm.stats.per_op.items() if s.calls})
+                     comm_calls={op: s.calls for op, s in comm.stats.per_op.items() if s.calls},
+                     max_rss_mib=max_rss_mib())
         return result
     except BaseException as error:
         writer.write(
@@ -116,6 +118,11 @@ def run(config: Config) -> RunResult:
         writer.close()
         if comm is not None:
             comm.shutdown()
+
+
+def max_rss_mib() -> float:
+    """This process's peak resident memory (MiB; Linux reports ru_maxrss in KiB)."""
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
 def _make_comm(config: Config, device: torch.device) -> Comm:

@@ -61,6 +61,7 @@ def test_every_rank_writes_step_records_and_ok_status(tmp_path):
         assert [r["bytes_sent_total"] for r in steps] == [sum(sent[: i + 1]) for i in range(12)]
         assert [r["staleness"] for r in steps][:4] == [None, None, 1, None]
         assert rows[-1] == {**rows[-1], "kind": "status", "status": "ok", "steps": 12, "stop_reason": "steps"}
+        assert 50 < rows[-1]["max_rss_mib"] < 8192   # torch alone takes well over 50 MiB
         # Snapshots at steps 4 and 9 and after the last step; nothing evaluated in the job.
         snapshots = records(out, rank, "snapshot")
         assert [(r["eval_index"], r["step"], r["role"]) for r in snapshots] == [(0, 4, "replica"), (1, 9, "replica"), (2, 11, "replica")]
