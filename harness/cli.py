@@ -19,7 +19,7 @@ from emulator import cgroups
 from emulator import clean as clean_mod
 from emulator.backends import REGISTRY, BackendUnavailable, choose_backend, read_state
 from emulator.dilation import check_time_dilation
-from emulator.netns import SystemCheckError, exec_argv
+from emulator.netns import SystemCheckError, check_root, exec_argv
 from emulator.plan import Plan, make_plan, prefix
 from emulator.schema import ConfigError
 from emulator.units import UnitError, parse_rate_bit_s
@@ -228,6 +228,58 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cmd_shape(args) -> int:
+    from emulator.backends import tc
+
+    from .hosts import check_host, load_hosts
+
+    hosts = load_hosts(args.hosts_file)
+    check_host(hosts, args.host)
+    dev = args.dev or hosts.spec.interface
+    if not dev:
+        raise ConfigError("--dev", f"no device to shape: give --dev or `interface:` in {args.hosts_file}",
+                          source="wanbench shape")
+    cmds = tc.host_stage(dev, hosts.destinations(args.host))
+    if args.dry_run:
+        print(tc.host_script(dev, cmds, f"wanbench shape: {args.host} ({hosts.spec.hosts[args.host].region}) "
+                                        f"of {hosts.topology.name}, {len(hosts.names) - 1} destinations on {dev}"),
+              end="")
+        return 0
+    check_root()
+    tc.apply_host(dev, cmds)
+    stderr_console().print(f"{dev} shaped for {args.host}: {len(hosts.names) - 1} destinations "
+                           f"('wanbench unshape --dev {dev}' removes it)")
+    return 0
+
+
+def cmd_unshape(args) -> int:
+    from emulator.backends import tc
+
+    check_root()
+    removed = tc.remove_host(args.dev)
+    stderr_console().print(f"{args.dev}: " + ("shaping removed" if removed else "nothing of wanbench's to remove"))
+    return 0
+
+
+def cmd_launch(args) -> int:
+    from .hosts import load_hosts, write_launch
+    from .scenario import load_scenario
+
+    hosts = load_hosts(args.hosts_file)
+    scenario = load_scenario(args.scenario)
+    first_point = scenario.network_points()[0]
+    jobs = [job for job in scenario.jobs if job.network == first_point and job.command is None]
+    out = Path(args.out)
+    folders = write_launch(hosts, jobs, out, interface=args.dev)
+    console = stderr_console()
+    console.print(f"{len(folders)} jobs written under {out}/ (config.json, ssh.sh, slurm.sbatch each); "
+                  f"{len(hosts.names)} hosts, rank = order in {args.hosts_file}")
+    if len(scenario.network_points()) > 1:
+        console.print("[yellow]note:[/] the scenario sweeps the network; only its first point's jobs "
+                      "were written (real hosts have one network)")
+    return 0
+
+
 def cmd_status(args) -> int:
     state = read_state(prefix())
     if state is None:
@@ -348,6 +400,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", help="runs folder (default results/runs)")
     p.add_argument("--update-baselines", action="store_true", help="write each run's summary as the new baseline")
     p.set_defaults(func=cmd_regress)
+
+    p = sub.add_parser("shape", help="shape a real host's interface for a hosts file's matrix (docs/REAL_HOSTS.md)")
+    p.add_argument("hosts_file", metavar="HOSTS.yaml")
+    p.add_argument("--host", required=True, help="which host of the file this is")
+    p.add_argument("--dev", help="the interface to shape (default: the file's `interface:`)")
+    p.add_argument("--dry-run", action="store_true", help="print the tc script; change nothing")
+    p.set_defaults(func=cmd_shape)
+
+    p = sub.add_parser("unshape", help="remove what `wanbench shape` added to an interface")
+    p.add_argument("--dev", required=True)
+    p.set_defaults(func=cmd_unshape)
+
+    p = sub.add_parser("launch", help="write torchrun launch scripts (SSH, Slurm) for a scenario's jobs on real hosts")
+    p.add_argument("hosts_file", metavar="HOSTS.yaml")
+    p.add_argument("scenario", metavar="SCENARIO.yaml")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder for the jobs' configs and scripts")
+    p.add_argument("--dev", help="the hosts' shaped interface for the trainers' traffic (default: the file's)")
+    p.set_defaults(func=cmd_launch)
 
     p = sub.add_parser("status", help="what is up, with the backend's counters")
     p.set_defaults(func=cmd_status)

@@ -93,16 +93,17 @@ def htb_class_args(rate_bit_s: float) -> list[str]:
             "quantum", str(HTB_QUANTUM_BYTES)]
 
 
-def netem_args(spec: LinkSpec, always_loss: bool = False) -> list[str]:
+def netem_args(spec: LinkSpec, always_loss: bool = False, limit: Optional[int] = None) -> list[str]:
     """The delay stage's netem for one pair: delay, jitter (in order), loss, limit.
 
-    always_loss: write `loss 0%` too (a change must reset a link that was down)."""
+    always_loss: write `loss 0%` too (a change must reset a link that was down).
+    limit: netem's packet limit (default: netem_limit_packets, never the bottleneck)."""
     args = ["netem", "delay", format_time_ms(spec.one_way_delay_ms)]
     if spec.jitter_ms:
         args += [format_time_ms(spec.jitter_ms), "rate", format_rate(spec.rate_bit_s * JITTER_RATE_FACTOR)]
     if spec.loss_fraction or always_loss:
         args += ["loss", f"{spec.loss_fraction * 100:g}%"]
-    args += ["limit", str(netem_limit_packets(spec))]
+    args += ["limit", str(netem_limit_packets(spec) if limit is None else limit)]
     return args
 
 
@@ -388,3 +389,88 @@ class TcBackend(Backend):
         netns.remove_nodes(self.plan)
         netns.remove_namespace(core_namespace(self.plan))  # takes the bridge and veth peers with it
         clear_state(self.plan.prefix)
+
+
+# Real hosts (`wanbench shape`): the matrix on one host's own interface -----------------------------
+# The root qdisc carries this handle (0x5742, "WB"), so `unshape` removes only what shape added.
+HOST_ROOT_HANDLE = "5742:"
+
+
+FULL_PACKET_BYTES = 1514
+
+
+def host_netem_limit(spec: LinkSpec) -> int:
+    """netem's limit on a real host, where it holds both what is in flight and the queue behind
+    the rate: the bandwidth-delay product plus the plan's queue, in full-size packets."""
+    in_flight = spec.rate_bit_s * (spec.one_way_delay_ms + spec.jitter_ms) / 1000.0 / 8.0
+    return max(16, math.ceil((in_flight + (spec.queue_bytes or 0)) / FULL_PACKET_BYTES))
+
+
+def host_stage(dev: str, destinations: list[tuple[str, LinkSpec]]) -> list[list[str]]:
+    """tc arguments that shape `dev` of a real host for its outgoing links (`wanbench shape`).
+
+    Per destination address: an htb class at the pair's rate (with an explicit burst, as the
+    bottleneck stage), a netem leaf with the one-way delay, jitter and loss, and a u32 filter on
+    the destination. Other traffic (SSH, DNS, the cluster's own) takes the unshaped default class.
+    Unlike the emulated backends, rate and queue are applied on the sender itself: a host has no
+    core side, so a drop at the rate limit is reported to the sending socket at once (TCP's local
+    congestion signal) rather than only through the ACK clock; and the queue is netem's packet
+    limit (packets in flight plus the plan's queue, counted in full-size packets: host_netem_limit)
+    rather than a byte-bounded bfifo. docs/REAL_HOSTS.md says so.
+    """
+    major = HOST_ROOT_HANDLE
+    cmds = [
+        ["qdisc", "add", "dev", dev, "root", "handle", major, "htb", "default", "1"],
+        ["class", "add", "dev", dev, "parent", major, "classid", f"{major}1", *htb_class_args(UNSHAPED_RATE_BIT_S)],
+    ]
+    for index, (address, spec) in enumerate(destinations):
+        minor = f"{index + 10:x}"
+        cmds += [
+            ["class", "add", "dev", dev, "parent", major, "classid", f"{major}{minor}", *htb_class_args(spec.rate_bit_s)],
+            ["qdisc", "add", "dev", dev, "parent", f"{major}{minor}", "handle", f"{minor}:",
+             *netem_args(spec, limit=host_netem_limit(spec))],
+            ["filter", "add", "dev", dev, "parent", major, "protocol", "ip", "prio", "1", "u32",
+             "match", "ip", "dst", f"{address}/32", "flowid", f"{major}{minor}"],
+        ]
+    return cmds
+
+
+def host_script(dev: str, cmds: list[list[str]], title: str) -> str:
+    """What `wanbench shape --dry-run` prints: a script that replaces our root qdisc on `dev`."""
+    lines = ["#!/bin/sh", f"# {title}", "set -e",
+             f"tc qdisc del dev {shlex.quote(dev)} root handle {HOST_ROOT_HANDLE} 2>/dev/null || true",
+             "tc -batch - <<'EOF'", *(shlex.join(c) for c in cmds), "EOF"]
+    return "\n".join(lines) + "\n"
+
+
+def host_root_handle(dev: str, namespace: Optional[str] = None) -> Optional[str]:
+    """The handle of `dev`'s root qdisc (e.g. "5742:"), None when it has the kernel's default."""
+    head = ["tc", *(["-n", namespace] if namespace else []), "-j", "qdisc", "show", "dev", dev, "root"]
+    result = subprocess.run(head, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise CommandFailed(f"{shlex.join(head)}: {_one_line(result.stderr) or f'exit {result.returncode}'}")
+    qdiscs = json.loads(result.stdout or "[]")
+    for qdisc in qdiscs:
+        if qdisc.get("root") and qdisc.get("handle") not in (None, "0:"):
+            return qdisc["handle"]
+    return None
+
+
+def apply_host(dev: str, cmds: list[list[str]]) -> None:
+    """Replace our shaping on `dev` (never another tool's root qdisc) with `cmds`."""
+    handle = host_root_handle(dev)
+    if handle == HOST_ROOT_HANDLE:
+        run_commands([["tc", "qdisc", "del", "dev", dev, "root"]])
+    elif handle is not None and handle != "0:":
+        raise CommandFailed(f"{dev} already has a root qdisc {handle} that wanbench did not add; "
+                            f"remove it first (tc qdisc del dev {dev} root)")
+    run_batch("tc", None, cmds)
+
+
+def remove_host(dev: str) -> bool:
+    """Remove what `apply_host` added to `dev`; False when there was nothing of ours."""
+    handle = host_root_handle(dev)
+    if handle != HOST_ROOT_HANDLE:
+        return False
+    run_commands([["tc", "qdisc", "del", "dev", dev, "root"]])
+    return True

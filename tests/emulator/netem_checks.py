@@ -374,6 +374,62 @@ def failing_tc_check(topology: str) -> dict:
     return result
 
 
+HOSTS_FILE = """topology: {topology}
+hosts:
+{hosts}
+"""
+# three "hosts" (namespaces on a bridge) standing in for real machines in three regions
+HOST_STANDINS = [("h-london", "london", "10.251.0.1"), ("h-tokyo", "tokyo", "10.251.0.2"),
+                 ("h-ohio", "ohio", "10.251.0.3")]
+
+
+def hosts_check(out: Path) -> dict:
+    """`wanbench shape/unshape` on real interfaces: namespaces with a veth each on one bridge stand
+    in for hosts; every host shapes its own eth0, then iputils ping between every pair, the
+    read-back of eth0's qdiscs, unshape, and a foreign root qdisc that shape must refuse."""
+    bridge_ns, bridge = "wbh-br", "wbhbr0"
+    hosts_file = out / "hosts.yaml"
+    hosts_file.write_text(HOSTS_FILE.format(
+        topology=ROOT / "topologies" / "aws-4region.yaml",
+        hosts="\n".join(f"  {name}: {{region: {region}, address: {address}}}" for name, region, address in HOST_STANDINS)))
+    result: dict = {"hosts": HOST_STANDINS, "setup": [], "shape": {}, "ping": {}, "qdiscs": {}}
+    setup = [["ip", "netns", "add", bridge_ns], ["ip", "-n", bridge_ns, "link", "add", bridge, "type", "bridge"],
+             ["ip", "-n", bridge_ns, "link", "set", bridge, "up"]]
+    for index, (name, _, address) in enumerate(HOST_STANDINS):
+        setup += [["ip", "netns", "add", name],
+                  ["ip", "-n", bridge_ns, "link", "add", f"wbhv{index}", "type", "veth", "peer", "name", "eth0",
+                   "netns", name],
+                  ["ip", "-n", bridge_ns, "link", "set", f"wbhv{index}", "master", bridge, "up"],
+                  ["ip", "-n", name, "addr", "add", f"{address}/24", "dev", "eth0"],
+                  ["ip", "-n", name, "link", "set", "eth0", "up"], ["ip", "-n", name, "link", "set", "lo", "up"]]
+    try:
+        for argv in setup:
+            step = run(argv)
+            result["setup"].append(step["rc"])
+            if step["rc"]:
+                result["setup_error"] = step
+                return result
+        for name, _, _ in HOST_STANDINS:
+            result["shape"][name] = run(ns_argv(name, [WANBENCH, "shape", str(hosts_file), "--host", name, "--dev", "eth0"]))
+            result["qdiscs"][name] = run(ns_argv(name, ["tc", "-j", "qdisc", "show", "dev", "eth0"]))["stdout"]
+        for src, _, _ in HOST_STANDINS:
+            for dst, _, address in HOST_STANDINS:
+                if src != dst:
+                    result["ping"][f"{src}>{dst}"] = run(ns_argv(src, ["ping", "-n", "-q", "-c", "5", "-i", "0.2", address]))["stdout"]
+        name = HOST_STANDINS[0][0]
+        result["dry_run"] = run([WANBENCH, "shape", str(hosts_file), "--host", name, "--dev", "eth0", "--dry-run"])
+        result["unshape"] = run(ns_argv(name, [WANBENCH, "unshape", "--dev", "eth0"]))
+        result["unshape_again"] = run(ns_argv(name, [WANBENCH, "unshape", "--dev", "eth0"]))
+        result["after_unshape"] = run(ns_argv(name, ["tc", "-j", "qdisc", "show", "dev", "eth0"]))["stdout"]
+        run(ns_argv(name, ["tc", "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "htb"]))
+        result["foreign"] = run(ns_argv(name, [WANBENCH, "shape", str(hosts_file), "--host", name, "--dev", "eth0"]))
+    finally:
+        for name, _, _ in HOST_STANDINS:
+            run(["ip", "netns", "del", name])
+        run(["ip", "netns", "del", bridge_ns])
+    return result
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="mode", required=True)
@@ -406,6 +462,7 @@ def main(argv=None) -> int:
     if args.name == "tc":
         os.environ["WANBENCH_PREFIX"] = "wag5"
         (out / "failing-tc.json").write_text(json.dumps(failing_tc_check("topologies/asym-lossy.yaml"), indent=1))
+        (out / "hosts-tc.json").write_text(json.dumps(hosts_check(out), indent=1))
     return 0
 
 

@@ -86,7 +86,9 @@ def guest_results():
             for file in (out / backend).glob(f"{backend}-*.json"):
                 results[(backend, file.stem.split("-", 1)[1])] = json.loads(file.read_text())
         results["failing-tc"] = json.loads((out / "tc" / "failing-tc.json").read_text())
-        assert sorted(k for k in results if k != "failing-tc") == sorted(CASES), f"guest results: {sorted(results)}"
+        results["hosts-tc"] = json.loads((out / "tc" / "hosts-tc.json").read_text())
+        assert sorted(k for k in results if k not in ("failing-tc", "hosts-tc")) == sorted(CASES), \
+            f"guest results: {sorted(results)}"
         yield results
     finally:
         for proc in guests.values():
@@ -124,6 +126,40 @@ def test_up_exec_status_down_clean(guest_results, backend, topology):
             assert counters[(src.name, dst.name)]["drops_loss"] > 0, f"{src.name}->{dst.name}: no loss counted"
     assert result["left_after_down"] == []
     assert "removed 0 object(s)" in result["clean"]["stderr"]  # down left nothing for clean
+
+
+def test_shape_puts_the_matrix_on_real_interfaces(guest_results, tmp_path):
+    """Namespaces on a bridge stand in for three real hosts; each shapes its own eth0 with
+    `wanbench shape` (netem_checks.hosts_check); iputils ping sees every pair's RTT."""
+    from harness.hosts import load_hosts
+
+    result = guest_results["hosts-tc"]
+    assert result["setup"] and not any(result["setup"]), result.get("setup_error")
+    hosts_file = tmp_path / "hosts.yaml"
+    hosts_file.write_text("topology: aws-4region.yaml\nhosts:\n" + "".join(
+        f"  {name}: {{region: {region}, address: {address}}}\n" for name, region, address in result["hosts"]))
+    hosts = load_hosts(hosts_file)
+    for name in hosts.names:
+        assert result["shape"][name]["rc"] == 0, result["shape"][name]["stderr"]
+        qdiscs = json.loads(result["qdiscs"][name])
+        assert [q["handle"] for q in qdiscs if q.get("root")] == ["5742:"]
+        delays = sorted(round(q["options"]["delay"]["delay"] * 1000, 2) for q in qdiscs if q["kind"] == "netem")
+        assert delays == sorted(round(hosts.link(name, other).one_way_delay_ms, 2) for other in hosts.names if other != name)
+    for pair, text in result["ping"].items():
+        src, dst = pair.split(">")
+        spec = hosts.link(src, dst).one_way_delay_ms + hosts.link(dst, src).one_way_delay_ms
+        match = re.search(r"= ([\d.]+)/([\d.]+)/", text)
+        assert match, f"{pair}: {text[-300:]}"
+        low = float(match.group(1))
+        assert spec <= low <= spec + 1.0 + 0.05 * spec, f"{pair}: ping min {low} ms for {spec} ms"
+    assert "#!/bin/sh" in result["dry_run"]["stdout"] and "netem delay" in result["dry_run"]["stdout"]
+    assert result["unshape"]["rc"] == 0 and "shaping removed" in result["unshape"]["stderr"]
+    assert "nothing of wanbench's" in result["unshape_again"]["stderr"]
+    assert "5742:" not in result["after_unshape"]
+    # a root qdisc someone else added is left alone, in one line, exit 3
+    assert result["foreign"]["rc"] == 3
+    assert result["foreign"]["stderr"].strip().count("\n") == 0
+    assert "did not add" in result["foreign"]["stderr"]
 
 
 def test_a_failing_tc_command_is_one_line_exit_3_and_torn_down(guest_results):
