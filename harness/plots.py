@@ -485,14 +485,16 @@ def accuracy_vs_bytes(summary: pd.DataFrame, *, title: str = "Final accuracy vs 
 
 
 def compute_comm_ratio(steps: pd.DataFrame) -> pd.DataFrame:
-    """Per (network, seed): sum of sync's compute_s over sum of its comm_blocked_s, all ranks."""
-    columns = ["network", "seed", "compute_comm_ratio"]
+    """Per (network, seed, workload): sum of sync's compute_s over sum of its comm_blocked_s, all
+    ranks (the workload column only where the steps have one: results.workload_key)."""
+    keys = ["network", "seed"] + (["workload"] if "workload" in steps.columns else [])
+    columns = keys + ["compute_comm_ratio"]
     if not len(steps) or not {"compute_s", "comm_blocked_s", "algorithm"} <= set(steps.columns):
         return pd.DataFrame(columns=columns)
     sync = steps[(steps["algorithm"] == "sync")].dropna(subset=["compute_s", "comm_blocked_s"])
     if not len(sync):
         return pd.DataFrame(columns=columns)
-    sums = sync.groupby(["network", "seed"])[["compute_s", "comm_blocked_s"]].sum().reset_index()
+    sums = sync.groupby(keys)[["compute_s", "comm_blocked_s"]].sum().reset_index()
     sums = sums[sums["comm_blocked_s"] > 0]
     sums["compute_comm_ratio"] = sums["compute_s"] / sums["comm_blocked_s"]
     return sums[columns]
@@ -513,7 +515,11 @@ def async_vs_sync(summary: pd.DataFrame, steps: pd.DataFrame, *, metric: str = "
     ratios = compute_comm_ratio(steps)
     # x is sync's ratio at each point (the summary's own column is each job's: left out here)
     summary = summary.drop(columns=["compute_comm_ratio"], errors="ignore")
-    frame = summary.merge(ratios, on=["network", "seed"], how="left") if len(summary) else \
+    keys = [k for k in ratios.columns if k != "compute_comm_ratio"]
+    if "workload" in keys and "workload" not in summary.columns:
+        keys.remove("workload")   # a summary from before workloads were recorded
+        ratios = ratios.groupby(keys, as_index=False)["compute_comm_ratio"].median()
+    frame = summary.merge(ratios[keys + ["compute_comm_ratio"]], on=keys, how="left") if len(summary) else \
         summary.assign(compute_comm_ratio=[])
     if not _has(frame, metric) and metric == "speedup_vs_sync" and _has(frame, "throughput_speedup_vs_sync"):
         metric = "throughput_speedup_vs_sync"

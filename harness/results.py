@@ -12,6 +12,7 @@ the job's processes, the zero of a scenario's `faults: at:` times (see `load_fau
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +31,7 @@ SUMMARY_COLUMNS = [
     "bytes_sent_per_node", "bytes_per_step_per_node", "wire_bytes_per_node", "wire_overhead",
     "comm_blocked_fraction", "mean_staleness", "workers", "servers", "server_bytes_sent_per_node",
     "server_wire_bytes_per_node", "transport", "tuned", "sweep_best", "compute_s_per_step",
-    "compute_comm_ratio", "time_dilation",
+    "compute_comm_ratio", "time_dilation", "workload",
 ]
 
 # The columns people read first: the terminal table and the report's markdown table (every column
@@ -71,7 +72,28 @@ METRICS = {
                           "computation/communication ratio (CSV).",
     "time_dilation": "the run's time dilation K: the network ran K times slower and every time above "
                      "is divided by K (docs/TIME_DILATION.md; CSV).",
+    "workload": "a short hash of the job's trainer settings other than its algorithm, seed and comm: "
+                "the ratios against sync take the sync job with the same workload (e.g. the same "
+                "min_compute_s) where the scenario has several (CSV).",
 }
+
+# Trainer settings that do not make a different workload (what is compared, not what it runs on).
+NOT_WORKLOAD_KEYS = ("algorithm", "seed", "output_dir", "comm")
+
+
+def workload_key(config: Optional[dict]) -> str:
+    """A short, stable hash of a trainer config's workload (NOT_WORKLOAD_KEYS left out); "" if unknown."""
+    if not config:
+        return ""
+    kept = {k: v for k, v in config.items() if k not in NOT_WORKLOAD_KEYS}
+    return hashlib.sha1(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def _read_config(job_dir: Path) -> Optional[dict]:
+    try:
+        return json.loads((job_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def format_bytes(value: float) -> str:
@@ -178,6 +200,7 @@ def load_run(run_dir) -> RunFrames:
                 "delay_scale": network.get("delay_scale"), "rate": network.get("rate"),
                 "nodes": info.get("nodes")}
         base["network"] = info.get("network_key", "")
+        base["workload"] = workload_key(_read_config(job_dir))
         jobs.append({**base, "status": info.get("status"), "wall_s": info.get("wall_s"),
                      "reason": info.get("reason", ""), "wire": _wire_bytes_by_rank(job_dir),
                      "server_ranks": list((info.get("params") or {}).get("server_ranks") or []),
@@ -405,7 +428,7 @@ def summarize(frames: RunFrames, target_accuracy: Optional[float] = None) -> pd.
     median_blocked: list[Optional[float]] = []  # per row: median blocked time of a worker step
     for job in frames.jobs.to_dict("records"):
         row = {key: job.get(key) for key in ("network", "delay_scale", "rate", "nodes", "algorithm",
-                                                 "label", "seed", "status")}
+                                                 "label", "seed", "status", "workload")}
         ev = frames.evals[frames.evals["job_id"] == job["job_id"]] if len(frames.evals) else frames.evals
         st = frames.steps[frames.steps["job_id"] == job["job_id"]] if len(frames.steps) else frames.steps
         replica_output.append(_mean_of_replicas(ev))
@@ -466,13 +489,13 @@ def summarize(frames: RunFrames, target_accuracy: Optional[float] = None) -> pd.
     _mark_sweep_best(table, frames.jobs)
     _add_output_sync(table, replica_output, median_blocked)
     _add_compute_comm_ratio(table, median_blocked)
-    # Ratios against sync at the same network point and seed: >1 means faster than sync.
+    # Ratios against sync at the same network point and seed: >1 means faster than sync. Where
+    # the scenario runs sync on several workloads (e.g. compute padded or not), the sync job of the
+    # same workload; with one sync job there, that one.
     for index, row in table.iterrows():
-        ref = table[(table["algorithm"] == "sync") & (table["network"] == row["network"])
-                    & (table["seed"] == row["seed"])]
-        if not len(ref):
+        ref = sync_reference(table, row)
+        if ref is None:
             continue
-        ref = ref.iloc[0]
         if pd.notna(ref["time_to_target_s"]) and pd.notna(row["time_to_target_s"]):
             table.at[index, "speedup_vs_sync"] = ref["time_to_target_s"] / row["time_to_target_s"]
         if pd.notna(ref["steps_per_s"]) and pd.notna(row["steps_per_s"]):
@@ -483,6 +506,18 @@ def summarize(frames: RunFrames, target_accuracy: Optional[float] = None) -> pd.
                 table.at[index, "accuracy_delta_vs_sync"] = row[column] - ref[column]
                 break
     return table
+
+
+def sync_reference(table: pd.DataFrame, row) -> Optional[pd.Series]:
+    """The sync job `row` is compared with: same network point and seed, and the same workload
+    where sync ran on several (else the first, as for sync variants of one workload); None when
+    there is no sync job there."""
+    candidates = table[(table["algorithm"] == "sync") & (table["network"] == row["network"])
+                       & (table["seed"] == row["seed"])]
+    if len(candidates) > 1 and "workload" in table:
+        same = candidates[candidates["workload"] == row.get("workload")]
+        candidates = same if len(same) else candidates
+    return candidates.iloc[0] if len(candidates) else None
 
 
 def _mean_of_replicas(evals: pd.DataFrame) -> bool:

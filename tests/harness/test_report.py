@@ -48,6 +48,7 @@ class FakeJob:
     staleness: Optional[int] = None
     transport: Optional[str] = None      # the start records' all-reduce transport (None: not written)
     output_role: Optional[str] = None    # the eval records' role (replica: mean of every rank's replica)
+    config: Optional[dict] = None        # the job's config.json (None: not written)
 
     @property
     def network(self) -> NetworkPoint:
@@ -114,6 +115,8 @@ def write_run(root, jobs: list[FakeJob], *, name: str = "synthetic", run_id: str
     for job, scenario_job in zip(jobs, scenario_jobs):
         job_dir = run_dir / "jobs" / scenario_job.job_id
         job_dir.mkdir(parents=True)
+        if job.config is not None:
+            (job_dir / "config.json").write_text(json.dumps(job.config))
         for rank in range(job.nodes):
             lines = [json.dumps(r) for r in _rank_records(job, rank)]
             (job_dir / f"rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
@@ -141,6 +144,24 @@ def test_transport_column_comes_from_the_start_records(tmp_path):
     assert table.loc["sync", "transport"] == "gloo"
     assert table.loc["sync-ours", "transport"] == "ours:auto"
     assert pd.isna(table.loc["dts", "transport"])
+
+
+def test_each_job_is_compared_with_the_sync_job_of_its_own_workload(tmp_path):
+    """Sync on two workloads (compute padded or not) in one scenario: EA-wild-heavy against
+    sync-heavy, EA-wild-light against sync-light, whatever order the jobs come in."""
+    light, heavy = {"model": {"name": "lenet"}, "lr": 0.05}, {"model": {"name": "lenet"}, "lr": 0.05, "min_compute_s": 0.05}
+    jobs = [FakeJob("sync", label="sync-heavy", step_time_s=1.0, evals={9: 0.95}, config={**heavy, "algorithm": {"name": "sync"}}),
+            FakeJob("sync", label="sync-light", step_time_s=0.5, evals={9: 0.95}, config={**light, "algorithm": {"name": "sync"}}),
+            FakeJob("eawild", label="eawild-light", step_time_s=0.25, evals={9: 0.95},
+                    config={**light, "algorithm": {"name": "eawild"}, "seed": 0, "comm": {"backend": "tcp"}}),
+            FakeJob("eawild", label="eawild-heavy", step_time_s=2.0, evals={9: 0.95},
+                    config={**heavy, "algorithm": {"name": "eawild"}})]
+    table = summarize(load_run(write_run(tmp_path, jobs))).set_index("label")
+    assert table.loc["eawild-light", "workload"] == table.loc["sync-light", "workload"] != table.loc["sync-heavy", "workload"]
+    assert table.loc["eawild-light", "throughput_speedup_vs_sync"] == pytest.approx(2.0)
+    assert table.loc["eawild-heavy", "throughput_speedup_vs_sync"] == pytest.approx(0.5)
+    assert table.loc["eawild-light", "speedup_vs_sync"] == pytest.approx(2.0)
+    assert table.loc["eawild-heavy", "speedup_vs_sync"] == pytest.approx(0.5)
 
 
 def test_summarize_matches_hand_computed_values(tmp_path):
