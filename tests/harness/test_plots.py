@@ -111,6 +111,29 @@ def test_async_vs_sync(sweep):
     assert len(data_lines(figure.axes[0])) == 2
 
 
+def test_async_vs_sync_draws_one_algorithm_across_its_workloads(tmp_path):
+    """sync and eawild each on a light and a compute-padded workload, two seeds: one eawild line
+    from the light workload's ratio (1.5x faster) to the heavy one's (0.5x), each point the mean
+    of its seeds at their median ratio."""
+    light, heavy = {"lr": 0.05}, {"lr": 0.05, "min_compute_s": 0.05}
+    jobs = []
+    for seed in (0, 1):
+        jobs += [FakeJob("sync", label="sync-light", seed=seed, step_time_s=1.0, blocked_s=0.5 + 0.01 * seed,
+                         evals={9: 0.95}, config=light),
+                 FakeJob("sync", label="sync-heavy", seed=seed, step_time_s=1.0, blocked_s=0.05,
+                         evals={9: 0.95}, config=heavy),
+                 FakeJob("eawild", label="eawild-light", seed=seed, step_time_s=1 / 1.5, evals={9: 0.95}, config=light),
+                 FakeJob("eawild", label="eawild-heavy", seed=seed, step_time_s=2.0, evals={9: 0.95}, config=heavy)]
+    results = load_results([write_run(tmp_path, jobs)])
+    figure = plots.async_vs_sync(results.summary, results.steps)
+    check_figure(figure)
+    (line,) = data_lines(figure.axes[0])
+    assert line.get_label() == "eawild"
+    xs, ys = list(line.get_xdata()), list(line.get_ydata())
+    assert xs == pytest.approx([(0.5 - 0.01 * 0.5) / (0.5 + 0.01 * 0.5), 0.95 / 0.05], rel=0.02)
+    assert ys == pytest.approx([1.5, 0.5])
+
+
 def test_single_sweep_point_still_draws_markers(tmp_path):
     results = load_results([write_run(tmp_path, sync_and_dts(rate="100Mbit"))])
     for figure in (plots.speedup_vs_latency(results.summary), plots.throughput_vs_bandwidth(results.summary),
