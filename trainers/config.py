@@ -201,7 +201,7 @@ class DatasetConfig:
     """Which data, where it lives and how it is split across ranks.
 
     Args:
-        name: digits | fashion_mnist | synthetic | synthetic_tokens | cifar10 | imagefolder.
+        name: digits | fashion_mnist | synthetic | synthetic_tokens | cifar10 | synthetic_cifar | imagefolder.
         path: directory of the files (fashion_mnist, cifar10, imagefolder); None for built-ins.
         shard: iid (equal random shards) or dirichlet (per-class Dirichlet(alpha) proportions).
         alpha: Dirichlet concentration; smaller is more skewed (only for shard=dirichlet).

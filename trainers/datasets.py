@@ -2,8 +2,12 @@
 
 Every loader returns a :class:`DataBundle`. ``kind`` says what the inputs are: ``features``
 (float tensors of any shape, one class label per sample) or ``tokens`` (int64 sequences, one
-target token per position). Nothing is downloaded: file-based datasets read a user-given path and
-fail with a message saying what was expected there.
+target token per position). Image datasets of CIFAR's size keep their pixels as uint8 (a quarter
+of float32's memory: 150 MB instead of 600 MB for 50,000 images) and scale each batch as it is
+taken (:meth:`DataBundle.inputs`). ``source`` says in one line where the samples came from; every
+rank writes it in its ``data`` record. Nothing is downloaded: file-based datasets read a user-given
+path and fail with a message saying what was expected there (``cifar10`` can fall back to
+generated CIFAR-shaped data, ``synthetic_cifar``, when asked to).
 """
 
 from __future__ import annotations
@@ -11,19 +15,33 @@ from __future__ import annotations
 import gzip
 import pickle
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Literal, Optional
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from trainers.config import ConfigError, DatasetConfig, from_dict, require_float, require_int
 
 
+@dataclass(frozen=True)
+class PixelScaling:
+    """How stored uint8 pixels become model inputs: x / 255, then (x - mean) / std per channel."""
+
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
 @dataclass
 class DataBundle:
-    """Train and held-out test tensors plus the shapes a model needs."""
+    """Train and held-out test tensors plus the shapes a model needs.
+
+    ``train_x`` / ``test_x`` are the stored samples: model inputs as they are, or uint8 pixels
+    when ``pixels`` is set; :meth:`inputs` turns a batch of either into model inputs. ``source``
+    says where the samples came from, in one line (a path, or the generator and its seed).
+    """
 
     train_x: torch.Tensor
     train_y: torch.Tensor
@@ -32,6 +50,16 @@ class DataBundle:
     input_shape: tuple[int, ...]
     num_classes: int
     kind: Literal["features", "tokens"]
+    source: str = ""
+    pixels: Optional[PixelScaling] = None
+
+    def inputs(self, x: torch.Tensor) -> torch.Tensor:
+        """Model inputs for stored samples ``x`` (a batch of train_x or test_x, on any device)."""
+        if self.pixels is None:
+            return x
+        mean = torch.tensor(self.pixels.mean, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
+        std = torch.tensor(self.pixels.std, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
+        return (x.float() / 255.0 - mean) / std
 
 
 @dataclass
@@ -116,6 +144,66 @@ class ImageFolderParams:
             require_int("max_per_class", self.max_per_class, minimum=1)
 
 
+@dataclass
+class SyntheticCifarParams:
+    """Generated images of CIFAR-10's shape (3x32x32), learnable by a convnet but not at a glance.
+
+    Each class has ``modes_per_class`` smooth colour templates (seeded random fields on a
+    ``template_cells`` x ``template_cells`` grid, upsampled). A sample is one of its class's
+    templates, cropped at a random offset of up to ``max_shift`` pixels and mirrored half the
+    time, at a random contrast, over a class-independent smooth background field and per-pixel
+    noise, stored as uint8. Shifts and clutter keep a linear model on the pixels far from 100%;
+    a convnet's pooled features see through them over several epochs.
+
+    Args:
+        n_train: training images (CIFAR-10: 50,000; 150 MB as uint8).
+        n_test: held-out images (CIFAR-10: 10,000).
+        n_classes: classes (CIFAR-10: 10); the labels are balanced.
+        modes_per_class: templates per class (more: more variety within a class).
+        template_cells: grid of the templates' random field; more cells: finer texture.
+        max_shift: largest crop offset in pixels, each way.
+        background: amplitude of the clutter field, relative to a template's.
+        noise: standard deviation of the per-pixel noise, relative to a template's.
+        seed: the generator's seed; None: the run's seed.
+    """
+
+    n_train: int = 50_000
+    n_test: int = 10_000
+    n_classes: int = 10
+    modes_per_class: int = 6
+    template_cells: int = 6
+    max_shift: int = 8
+    background: float = 0.6
+    noise: float = 0.5
+    seed: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        require_int("n_train", self.n_train, minimum=10, maximum=2_000_000)
+        require_int("n_test", self.n_test, minimum=10, maximum=1_000_000)
+        require_int("n_classes", self.n_classes, minimum=2, maximum=1000)
+        require_int("modes_per_class", self.modes_per_class, minimum=1, maximum=100)
+        require_int("template_cells", self.template_cells, minimum=2, maximum=32)
+        require_int("max_shift", self.max_shift, minimum=0, maximum=16)
+        require_float("background", self.background, minimum=0.0, maximum=100.0)
+        require_float("noise", self.noise, minimum=0.0, maximum=100.0)
+        if self.seed is not None:
+            require_int("seed", self.seed, minimum=0)
+
+
+@dataclass
+class Cifar10Params:
+    """Args:
+        fallback: none: a missing path or batch file is an error; generated: use generated
+            CIFAR-shaped images (synthetic_cifar, with ``generated``'s settings) instead when
+            dataset.path is unset or lacks the batches. The ranks' ``data`` records and the
+            report say which data a job trained on.
+        generated: synthetic_cifar's parameters, used only by the fallback.
+    """
+
+    fallback: Literal["none", "generated"] = "none"
+    generated: SyntheticCifarParams = field(default_factory=SyntheticCifarParams)
+
+
 # ---------------------------------------------------------------------------------------------
 # Loaders.
 
@@ -136,7 +224,8 @@ def load_digits(cfg: DatasetConfig, params: NoParams, seed: int) -> DataBundle:
     digits = sk_load_digits()
     x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
     y = torch.tensor(digits.target, dtype=torch.int64)
-    return DataBundle(*_split(x, y, cfg.test_fraction, seed), input_shape=(1, 8, 8), num_classes=10, kind="features")
+    return DataBundle(*_split(x, y, cfg.test_fraction, seed), input_shape=(1, 8, 8), num_classes=10, kind="features",
+                      source="scikit-learn's digits (8x8, 1797 images)")
 
 
 FASHION_MNIST_DEFAULT = "/usr/share/datasets/fashion-mnist"
@@ -185,6 +274,7 @@ def load_fashion_mnist(cfg: DatasetConfig, params: NoParams, seed: int) -> DataB
         input_shape=(1, 28, 28),
         num_classes=10,
         kind="features",
+        source=f"Fashion-MNIST from {root}",
     )
 
 
@@ -200,6 +290,7 @@ def load_synthetic(cfg: DatasetConfig, params: SyntheticParams, seed: int) -> Da
         input_shape=(params.n_features,),
         num_classes=params.n_classes,
         kind="features",
+        source=f"generated Gaussian clusters (synthetic, seed {seed})",
     )
 
 
@@ -220,37 +311,144 @@ def load_synthetic_tokens(cfg: DatasetConfig, params: TokenParams, seed: int) ->
         input_shape=(params.seq_len,),
         num_classes=params.vocab_size,
         kind="tokens",
+        source=f"generated Markov-chain tokens (synthetic_tokens, seed {seed})",
     )
 
 
-def load_cifar10(cfg: DatasetConfig, params: NoParams, seed: int) -> DataBundle:
-    """CIFAR-10 from the python pickle batches (data_batch_1..5, test_batch) under dataset.path."""
-    if not cfg.path:
-        raise ConfigError("dataset.path", "cifar10 needs the folder holding data_batch_1..5 and test_batch")
-    root = Path(cfg.path)
-    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
-    missing = [n for n in names if not (root / n).is_file()]
+CIFAR10_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch",)
+CIFAR10_PIXELS = PixelScaling(mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616))
+
+
+def _missing_cifar10(path: Optional[str]) -> Optional[str]:
+    """Why dataset.path holds no CIFAR-10 python batches, or None when all six are there."""
+    if not path:
+        return "cifar10 needs dataset.path, the folder holding data_batch_1..5 and test_batch"
+    root = Path(path)
+    missing = [n for n in CIFAR10_BATCHES if not (root / n).is_file()]
     if missing:
-        raise ConfigError(
-            "dataset.path",
-            f"CIFAR-10 python batches missing under {root}: {missing} (expected the extracted "
-            "cifar-10-batches-py folder; nothing is downloaded at run time)",
-        )
+        return (f"CIFAR-10 python batches missing under {root}: {missing} (expected the extracted "
+                "cifar-10-batches-py folder; nothing is downloaded at run time)")
+    return None
+
+
+def load_cifar10(cfg: DatasetConfig, params: Cifar10Params, seed: int) -> DataBundle:
+    """CIFAR-10 from the python pickle batches (data_batch_1..5, test_batch) under dataset.path;
+    with ``fallback: generated``, generated CIFAR-shaped images when they are not there."""
+    missing = _missing_cifar10(cfg.path)
+    if missing is not None:
+        if params.fallback != "generated":
+            raise ConfigError("dataset.path", missing + "; or set dataset.params.fallback: generated to train on "
+                              "generated CIFAR-shaped images (synthetic_cifar) instead")
+        bundle = load_synthetic_cifar(cfg, params.generated, seed)
+        bundle.source += f" instead of CIFAR-10 (fallback: generated): {missing}"
+        return bundle
+    root = Path(cfg.path)
 
     def read(name: str) -> tuple[torch.Tensor, torch.Tensor]:
         with open(root / name, "rb") as handle:
             batch = pickle.load(handle, encoding="bytes")
-        x = torch.from_numpy(np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32)).float() / 255.0
+        x = torch.from_numpy(np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
         return x, torch.tensor(batch[b"labels"], dtype=torch.int64)
 
-    train = [read(n) for n in names[:5]]
+    train = [read(n) for n in CIFAR10_BATCHES[:5]]
     test_x, test_y = read("test_batch")
-    mean = torch.tensor([0.4914, 0.4822, 0.4465]).view(1, 3, 1, 1)
-    std = torch.tensor([0.2470, 0.2435, 0.2616]).view(1, 3, 1, 1)
-    train_x = (torch.cat([t[0] for t in train]) - mean) / std
     return DataBundle(
-        train_x, torch.cat([t[1] for t in train]), (test_x - mean) / std, test_y,
-        input_shape=(3, 32, 32), num_classes=10, kind="features",
+        torch.cat([t[0] for t in train]), torch.cat([t[1] for t in train]), test_x, test_y,
+        input_shape=(3, 32, 32), num_classes=10, kind="features", source=f"CIFAR-10 from {root}",
+        pixels=CIFAR10_PIXELS,
+    )
+
+
+# Generated images are made this many at a time (bounded temporary memory); fixed, so that the
+# images of a seed do not depend on it.
+_CIFAR_CHUNK = 2048
+CIFAR_SIZE = 32
+# Background fields are windows of this many smooth fields, twice an image's size each way.
+_BACKGROUND_FIELDS = 256
+_UNIFORM_BYTE_STD = 73.9  # standard deviation of a byte drawn uniformly from 0..255
+
+
+def _stream(seed: int, purpose: int) -> np.random.Generator:
+    """An independent random stream per (seed, purpose): changing n_train leaves the test set as it is."""
+    return np.random.default_rng(np.random.SeedSequence([seed, purpose]))
+
+
+def _smooth_fields(count: int, cells: int, size: int, rng: np.random.Generator) -> np.ndarray:
+    """``count`` random colour fields (count, 3, size, size), float32: normal noise on a cells x
+    cells grid, upsampled bicubically, each scaled to zero mean and unit standard deviation."""
+    coarse = torch.from_numpy(rng.standard_normal((count, 3, cells, cells), dtype=np.float32))
+    fields = F.interpolate(coarse, size=(size, size), mode="bicubic", align_corners=False).numpy()
+    fields -= fields.mean(axis=(1, 2, 3), keepdims=True)
+    fields /= np.maximum(fields.std(axis=(1, 2, 3), keepdims=True), 1e-6)
+    return fields
+
+
+def _windows(fields: np.ndarray) -> np.ndarray:
+    """Every 32x32 window of each field, as a view (..., 3, rows, columns, 32, 32)."""
+    return np.lib.stride_tricks.sliding_window_view(fields, (CIFAR_SIZE, CIFAR_SIZE), axis=(-2, -1))
+
+
+def _generate_images(templates: np.ndarray, labels: np.ndarray, params: SyntheticCifarParams,
+                     rng: np.random.Generator) -> torch.Tensor:
+    """uint8 images (n, 3, 32, 32) of ``labels`` from ``templates`` (classes x modes, 3, S, S)."""
+    n = len(labels)
+    out = np.empty((n, 3, CIFAR_SIZE, CIFAR_SIZE), dtype=np.uint8)
+    # a template's windows, and its mirror image's: a sample is one window of one of them
+    shapes = _windows(np.stack([templates, templates[..., ::-1]]))       # (2, C*M, 3, span, span, 32, 32)
+    span = shapes.shape[3]
+    background = _windows(_smooth_fields(_BACKGROUND_FIELDS, 5, 2 * CIFAR_SIZE, rng))  # (F, 3, 33, 33, 32, 32)
+    # about 3.2 standard deviations of the sum either side of mid-grey: little is clipped
+    scale = 40.0 / float(np.sqrt(1.0 + params.background ** 2 + params.noise ** 2))
+    for start in range(0, n, _CIFAR_CHUNK):
+        chunk = labels[start:start + _CIFAR_CHUNK]
+        b = len(chunk)
+        template = chunk * params.modes_per_class + rng.integers(params.modes_per_class, size=b)
+        mirror = rng.integers(2, size=b)
+        top, left = rng.integers(span, size=b), rng.integers(span, size=b)
+        contrast = rng.uniform(0.6, 1.4, size=(b, 1, 1, 1)).astype(np.float32)
+        image = shapes[mirror, template, :, top, left] * contrast                 # (b, 3, 32, 32)
+        if params.background:
+            clutter = background[rng.integers(_BACKGROUND_FIELDS, size=b), :,
+                                 rng.integers(background.shape[2], size=b), rng.integers(background.shape[3], size=b)]
+            image += np.float32(params.background) * clutter
+        if params.noise:
+            noise = rng.integers(0, 256, size=image.shape, dtype=np.uint8).astype(np.float32)
+            noise -= 127.5
+            image += np.float32(params.noise / _UNIFORM_BYTE_STD) * noise
+        image *= np.float32(scale)
+        image += np.float32(128.5)  # then truncated: rounded to the nearest level
+        np.clip(image, 0, 255, out=image)
+        out[start:start + b] = image
+    return torch.from_numpy(out)
+
+
+def generate_cifar_shaped(params: SyntheticCifarParams, seed: int):
+    """(train_x, train_y, test_x, test_y): uint8 images and int64 labels, the same for the same seed."""
+    size = CIFAR_SIZE + 2 * params.max_shift
+    templates = _smooth_fields(params.n_classes * params.modes_per_class, params.template_cells, size,
+                               _stream(seed, 0))
+
+    def split(n: int, purpose: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rng = _stream(seed, purpose)
+        labels = rng.permutation(np.arange(n) % params.n_classes)
+        return _generate_images(templates, labels, params, rng), torch.from_numpy(labels.astype(np.int64))
+
+    return (*split(params.n_train, 1), *split(params.n_test, 2))
+
+
+def load_synthetic_cifar(cfg: DatasetConfig, params: SyntheticCifarParams, seed: int) -> DataBundle:
+    """Generated CIFAR-shaped images (see :class:`SyntheticCifarParams`), normalised per channel
+    with the training images' own mean and standard deviation."""
+    data_seed = seed if params.seed is None else params.seed
+    train_x, train_y, test_x, test_y = generate_cifar_shaped(params, data_seed)
+    sample = train_x[:_CIFAR_CHUNK].float() / 255.0
+    pixels = PixelScaling(mean=tuple(sample.mean(dim=(0, 2, 3)).tolist()),
+                          std=tuple(sample.std(dim=(0, 2, 3)).clamp_min(1e-6).tolist()))
+    return DataBundle(
+        train_x, train_y, test_x, test_y, input_shape=(3, CIFAR_SIZE, CIFAR_SIZE), num_classes=params.n_classes,
+        kind="features", pixels=pixels,
+        source=(f"generated CIFAR-shaped (synthetic_cifar, seed {data_seed}, {params.n_train} train / "
+                f"{params.n_test} test images)"),
     )
 
 
@@ -287,7 +485,8 @@ def load_imagefolder(cfg: DatasetConfig, params: ImageFolderParams, seed: int) -
         if not classes:
             raise ConfigError("dataset.path", f"{root} has no class sub-folders")
         train_x, train_y, test_x, test_y = _split(*read_tree(root, classes), cfg.test_fraction, seed)
-    return DataBundle(train_x, train_y, test_x, test_y, input_shape=(3, size, size), num_classes=len(classes), kind="features")
+    return DataBundle(train_x, train_y, test_x, test_y, input_shape=(3, size, size), num_classes=len(classes),
+                      kind="features", source=f"image folder {root} ({size}x{size})")
 
 
 DATASETS: dict[str, DatasetEntry] = {
@@ -295,7 +494,8 @@ DATASETS: dict[str, DatasetEntry] = {
     "fashion_mnist": DatasetEntry(load_fashion_mnist, NoParams, "features"),
     "synthetic": DatasetEntry(load_synthetic, SyntheticParams, "features"),
     "synthetic_tokens": DatasetEntry(load_synthetic_tokens, TokenParams, "tokens"),
-    "cifar10": DatasetEntry(load_cifar10, NoParams, "features"),
+    "cifar10": DatasetEntry(load_cifar10, Cifar10Params, "features"),
+    "synthetic_cifar": DatasetEntry(load_synthetic_cifar, SyntheticCifarParams, "features"),
     "imagefolder": DatasetEntry(load_imagefolder, ImageFolderParams, "features"),
 }
 

@@ -148,6 +148,7 @@ class JobEvaluator:
         self.config = load_config(json.loads(config_path.read_text()))
         self.device = torch.device(device)
         self.data = load_dataset(self.config.dataset, self.config.seed)
+        self.test_inputs = self.data.inputs(self.data.test_x)  # once: every eval point uses them
         self.model = build_model(self.config.model.name, self.config.model.params, self.data.input_shape,
                                  self.data.num_classes, self.config.seed).to(self.device)
         self.trainable = [name for name, p in self.model.named_parameters() if p.requires_grad]
@@ -240,7 +241,7 @@ class JobEvaluator:
             raise ValueError(f"{self.job_dir}: eval_index {index}: snapshots disagree on the role: {sorted(roles)}")
         role = roles.pop()
         self.model.load_state_dict(self.combine(role, snaps))
-        accuracy, loss = evaluate(self.model, self.data.test_x, self.data.test_y, self.device)
+        accuracy, loss = evaluate(self.model, self.test_inputs, self.data.test_y, self.device)
         steps = [s["step"] for s in snaps.values()]
         times = [s["time_s"] for s in snaps.values()]
         train_times = [s["train_time_s"] for s in snaps.values()]

@@ -194,6 +194,10 @@ def _train(config: Config, comm: TorchComm, writer: RecordWriter, device: torch.
     rank, world_size = comm.rank, comm.world_size
     torch.manual_seed(config.seed * 1000 + rank)  # per-rank randomness (dropout); init is seeded below
     data = load_dataset(config.dataset, config.seed)
+    # what this rank trains on, in one line: a dataset's files, or a generator and its seed (a
+    # cifar10 job that fell back to generated images says so here)
+    writer.write("data", dataset=config.dataset.name, source=data.source, train_samples=len(data.train_x),
+                 test_samples=len(data.test_x), input_shape=list(data.input_shape), num_classes=data.num_classes)
     shard_keys = data.train_y if data.train_y.dim() == 1 else data.train_y[:, 0]
     shards = shard_indices(shard_keys, world_size, config.dataset.shard, config.dataset.alpha, config.seed)
     sampler = BatchSampler(shards[rank], config.batch_size, seed=config.seed * 1000 + rank)
@@ -231,7 +235,7 @@ def _train(config: Config, comm: TorchComm, writer: RecordWriter, device: torch.
         lr = lr_at(step, config.lr, config.lr_schedule, config.steps)
         algorithm.set_lr(lr)
         indices = sampler.next_indices()
-        batch = (data.train_x[indices].to(device), data.train_y[indices].to(device))
+        batch = (data.inputs(data.train_x[indices].to(device)), data.train_y[indices].to(device))
         sent_0, recv_0, blocked_0 = comm.stats.snapshot()
         step_start = time.perf_counter()
         result = algorithm.train_step(step, batch)
