@@ -191,6 +191,20 @@ def markdown_table(table: pd.DataFrame, columns: list[str]) -> str:
     return "\n".join([header, rule, *body])
 
 
+def data_source_lines(rows: pd.DataFrame) -> list[str]:
+    """Markdown lines saying what one run's jobs trained on (the summary's data_source): one line
+    when every job says the same, else one per job."""
+    if not len(rows):
+        return []
+    unknown = "not recorded (no rank wrote a data record: it never began training, or the run predates them)"
+    column = rows["data_source"] if "data_source" in rows else [None] * len(rows)
+    sources = [s if isinstance(s, str) and s else None for s in column]
+    if len(set(sources)) == 1:
+        return [f"- data: {sources[0] or unknown} (every job)"]
+    return [f"- data of `{row['label']}` seed {row['seed']} at {row['network']}: {source or unknown}"
+            for row, source in zip(rows.to_dict("records"), sources)]
+
+
 def incomplete_message(run: RunInfo) -> str:
     why = (f"it was interrupted ({run.interrupted})" if run.interrupted
            else "it crashed, was killed or is still running")
@@ -436,6 +450,8 @@ def write_report(run_dirs: Iterable, out_dir, loaded: Optional[dict] = None) -> 
         rows = results.summary[results.summary["run"] == run.name]
         heading = f"### {run.name}" + ("" if run.complete else " (INCOMPLETE run: partial rows)")
         lines += [heading, "", markdown_table(rows, HEADLINE_COLUMNS), ""]
+        if len(rows):
+            lines += [*data_source_lines(rows), ""]
         bad = rows[rows["status"] != "ok"]
         for row in bad.to_dict("records"):
             lines.append(f"- job `{row['label']}` seed {row['seed']} at {row['network']}: status "

@@ -31,7 +31,7 @@ SUMMARY_COLUMNS = [
     "bytes_sent_per_node", "bytes_per_step_per_node", "wire_bytes_per_node", "wire_overhead",
     "comm_blocked_fraction", "mean_staleness", "workers", "servers", "server_bytes_sent_per_node",
     "server_wire_bytes_per_node", "transport", "tuned", "sweep_best", "compute_s_per_step",
-    "compute_comm_ratio", "time_dilation", "workload",
+    "compute_comm_ratio", "time_dilation", "workload", "data_source",
 ]
 
 # The columns people read first: the terminal table and the report's markdown table (every column
@@ -75,6 +75,8 @@ METRICS = {
     "workload": "a short hash of the job's trainer settings other than its algorithm, seed and comm: "
                 "the ratios against sync take the sync job with the same workload (e.g. the same "
                 "min_compute_s) where the scenario has several (CSV).",
+    "data_source": "what the job trained on, from its ranks' data records: a dataset's files, or the "
+                   "generator and its seed (a cifar10 job that fell back to generated images says so; CSV).",
 }
 
 # Trainer settings that do not make a different workload (what is compared, not what it runs on).
@@ -231,6 +233,11 @@ def load_run(run_dir) -> RunFrames:
             if transports:
                 known = jobs[-1].get("transport")
                 jobs[-1]["transport"] = "/".join(sorted(transports | ({known} if known else set())))
+            # the data it trained on, from the ranks' data records (one source, unless ranks disagree)
+            sources = {r["source"] for r in records if r.get("kind") == "data" and r.get("source")}
+            if sources:
+                known = jobs[-1].get("data_source")
+                jobs[-1]["data_source"] = " / ".join(sorted(sources | ({known} if known else set())))
             if origin is not None:
                 earliest = clock.writers_start_unix
                 clock.writers_start_unix = origin if earliest is None else min(origin, earliest)
@@ -477,6 +484,9 @@ def summarize(frames: RunFrames, target_accuracy: Optional[float] = None) -> pd.
         transport = job.get("transport")
         if isinstance(transport, str):
             row["transport"] = transport
+        data_source = job.get("data_source")
+        if isinstance(data_source, str):
+            row["data_source"] = data_source
         if job.get("tuned"):
             row["tuned"] = " ".join(f"{k}={v}" for k, v in job["tuned"].items())
         if row.get("wire_bytes_per_node") is not None and row.get("bytes_sent_per_node"):

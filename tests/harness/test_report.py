@@ -49,6 +49,7 @@ class FakeJob:
     transport: Optional[str] = None      # the start records' all-reduce transport (None: not written)
     output_role: Optional[str] = None    # the eval records' role (replica: mean of every rank's replica)
     config: Optional[dict] = None        # the job's config.json (None: not written)
+    data_source: Optional[str] = None    # the data records' source (None: no data record, as in older runs)
 
     @property
     def network(self) -> NetworkPoint:
@@ -66,6 +67,9 @@ def _rank_records(job: FakeJob, rank: int) -> list[dict]:
     records = [stamp("start", job.start_s, world_size=job.nodes, algorithm=job.algorithm, model="mlp",
                      dataset="digits", host="test", python="3.11", torch="2.x", device="cpu", backend="gloo",
                      **({"transport": job.transport} if job.transport else {}))]
+    if job.data_source is not None:
+        records.append(stamp("data", job.start_s, dataset="cifar10", source=job.data_source, train_samples=50000,
+                             test_samples=10000, input_shape=[3, 32, 32], num_classes=10))
     total = 0
     for step in range(job.steps):
         time_s = job.start_s + (step + 1) * job.step_time_s
@@ -346,3 +350,22 @@ def test_report_cli_rejects_a_non_run_directory(tmp_path, capsys, make):
     assert cli.main(["report", str(path), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and str(path) in err
+
+
+GENERATED = ("generated CIFAR-shaped (synthetic_cifar, seed 0, 50000 train / 10000 test images) instead of "
+             "CIFAR-10 (fallback: generated): CIFAR-10 python batches missing under /data/cifar: ['data_batch_1']")
+
+
+def test_the_report_says_what_data_the_jobs_trained_on(tmp_path):
+    same = write_run(tmp_path / "a", [FakeJob("sync", data_source=GENERATED), FakeJob("dts", data_source=GENERATED)])
+    outcome = write_report([same], tmp_path / "out-a")
+    assert f"- data: {GENERATED} (every job)" in outcome.markdown.read_text()
+    assert list(pd.read_csv(outcome.combined_csv)["data_source"]) == [GENERATED, GENERATED]
+    # jobs that trained on different data are each named; a job without a data record says so
+    mixed = write_run(tmp_path / "b", [FakeJob("sync", data_source="CIFAR-10 from /data/cifar"),
+                                       FakeJob("dts", data_source=GENERATED), FakeJob("local_sgd")])
+    markdown = write_report([mixed], tmp_path / "out-b").markdown.read_text()
+    assert "- data of `sync` seed 0 at delay1: CIFAR-10 from /data/cifar" in markdown
+    assert f"- data of `dts` seed 0 at delay1: {GENERATED}" in markdown
+    assert "- data of `local_sgd` seed 0 at delay1: not recorded" in markdown
+
