@@ -202,12 +202,14 @@ def cmd_run(args) -> int:
     from .results import summary_table
     from .paths import RUNS_ROOT
     from .run import run_scenario
-    from .scenario import load_scenario
+    from .scenario import AUTO_TIME_DILATION, load_scenario
 
     scenario = load_scenario(args.file)  # every check before anything privileged
-    if args.time_dilation is not None:
+    if args.time_dilation == AUTO_TIME_DILATION:
+        scenario = scenario.with_time_dilation(AUTO_TIME_DILATION)  # ConfigError without a compute profile
+    elif args.time_dilation is not None:
         try:
-            scenario = scenario.with_time_dilation(check_time_dilation(args.time_dilation))
+            scenario = scenario.with_time_dilation(check_time_dilation(float(args.time_dilation)))
         except ValueError as exc:
             raise ConfigError("", str(exc), source="--time-dilation") from None
     backend = args.backend or scenario.spec.backend
@@ -382,8 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run a scenario: build, verify, train every algorithm, compare, tear down")
     p.add_argument("file", help="scenario file (scenarios/*.yaml)")
     p.add_argument("--backend", choices=backends, default=None, help="overrides the scenario's backend")
-    p.add_argument("--time-dilation", type=float, default=None, metavar="K",
-                   help="overrides the scenario's time_dilation: network K times slower, reported times / K")
+    p.add_argument("--time-dilation", default=None, metavar="K",
+                   help="overrides the scenario's time_dilation: network K times slower, reported times / K; "
+                        "auto: K from this machine's measured step and the compute profile")
     p.add_argument("--output", help="runs folder (default results/runs)")
     p.set_defaults(func=cmd_run)
 

@@ -11,7 +11,8 @@ A compute profile names the accelerator a job stands for: ``profiles/*.yaml`` wi
 the ``source`` of the figure. The trainers pad every step's forward + backward to at least
 ``min_compute_s`` (trainers/config.py), which the harness sets to ``step_s x K``: at dilation K,
 the reported compute time per step is the profile's, whatever this machine's CPU needs (as long
-as it needs less than step_s x K; the job records say when it did not).
+as it needs less than step_s x K; the job records say when it did not). ``time_dilation: auto``
+chooses K so that it does: harness/auto_dilation.py times the workload here first.
 """
 
 from __future__ import annotations

@@ -51,6 +51,12 @@ class JobOutcome:
     reason: str = ""
 
 
+def default_rank_threads(world: int) -> int:
+    """Intra-op threads each rank gets unless OMP_NUM_THREADS says otherwise: the machine's cores
+    shared out among the job's ranks, at least one."""
+    return max(1, (os.cpu_count() or 1) // world)
+
+
 class JobProcesses:
     """The ranks of one job: one process per node, in the node's namespace (and cgroup).
 
@@ -223,8 +229,7 @@ class JobProcesses:
                 "TORCHELASTIC_RESTART_COUNT": str(restarts),
                 # one intra-op thread per node unless the user says otherwise: N nodes share the
                 # machine's cores, and torch's default (all cores each) oversubscribes them
-                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS",
-                                                  str(max(1, (os.cpu_count() or 1) // self.world))),
+                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(default_rank_threads(self.world))),
                 "PYTHONPATH": str(PROJECT_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
     def _argv(self) -> list[str]:

@@ -45,6 +45,8 @@ class RunInfo:
     interrupted: str = ""     # the INTERRUPTED file's reason, when a signal or an error ended the run
     budget_steps: Optional[int] = None     # where accuracy_at_step_budget was read
     budget_time_s: Optional[float] = None  # where accuracy_at_time_budget was read
+    time_dilation: float = 1.0
+    time_dilation_auto: Optional[dict] = None  # how time_dilation: auto chose K (scenario.json)
 
 
 @dataclass
@@ -144,8 +146,10 @@ def load_results(run_dirs: Iterable, loaded: Optional[dict] = None) -> Results:
         if (run_dir / "INTERRUPTED").is_file():
             interrupted = (run_dir / "INTERRUPTED").read_text(errors="replace").strip().splitlines()[:1]
             interrupted = interrupted[0] if interrupted else "no reason recorded"
+        auto = json.loads((run_dir / "scenario.json").read_text()).get("time_dilation_auto")
         runs.append(RunInfo(run_dir, name, frames.complete, frames.target_accuracy, environment, interrupted,
-                            frames.budget_steps, frames.budget_time_s))
+                            frames.budget_steps, frames.budget_time_s, frames.time_dilation,
+                            auto if isinstance(auto, dict) else None))
         summary = summarize(frames)
         axes = network_axes(run_dir)
         summary = summary.merge(axes, on="network", how="left") if len(axes) else \
@@ -383,6 +387,13 @@ def budget_sentence(run: RunInfo) -> str:
             + ("; a job stops at the target only after both" if len(budgets) == 2 else ""))
 
 
+def dilation_sentence(run: RunInfo) -> str:
+    """The run's time dilation, and how `auto` chose it; "" for an undilated run."""
+    if run.time_dilation_auto is not None:
+        return f"time dilation {run.time_dilation:g}, chosen by auto: {run.time_dilation_auto.get('why', '?')}"
+    return f"time dilation {run.time_dilation:g}" if run.time_dilation != 1.0 else ""
+
+
 def _environment_lines(run: RunInfo) -> str:
     env = run.environment
     if not env:
@@ -441,8 +452,9 @@ def write_report(run_dirs: Iterable, out_dir, loaded: Optional[dict] = None) -> 
     for run in results.runs:
         mark = "complete" if run.complete else "**INCOMPLETE**"
         target = "-" if run.target_accuracy is None else f"{run.target_accuracy:g}"
-        lines.append(f"- `{run.name}` ({mark}; target accuracy {target}; {budget_sentence(run)}): "
-                     f"`{run.path}`; {_environment_lines(run)}")
+        dilation = dilation_sentence(run)
+        lines.append(f"- `{run.name}` ({mark}; target accuracy {target}; {budget_sentence(run)}"
+                     f"{'; ' + dilation if dilation else ''}): `{run.path}`; {_environment_lines(run)}")
     lines += ["", "## Summary", "", "What the columns mean (every column is in `summary.csv`):", ""]
     lines += [f"- `{name}`: {sentence}" for name, sentence in METRICS.items()]
     lines += [""]

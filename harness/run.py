@@ -1,7 +1,8 @@
 """`wanbench run`: build the network, verify it, run every job's trainers in the nodes, tear down.
 
 Layout of a run directory (results/runs/<scenario>/<run-id>/):
-    scenario.json          the resolved scenario (every job's full trainer config)
+    scenario.json          the resolved scenario (every job's full trainer config; with
+                           time_dilation: auto, the K chosen and why: time_dilation_auto)
     environment.json       versions, kernel, backend, CPU/GPU, git commit, date
     <network-point>/verify.json
     jobs/<job-id>/config.json (the trainers' input), config.resolved.json (rank 0: defaults filled
@@ -24,12 +25,13 @@ from emulator.files import write_json_atomic
 from emulator.measure.verify import VerifyOptions, rate_warnings, verify
 from emulator.plan import make_plan
 
+from .auto_dilation import auto_time_dilation, measure_step_s
 from .dilation import dilated_trainer_config
 from .environment import environment
 from .jobs import run_job
 from .paths import RUNS_ROOT
 from .results import RunFrames, load_run, summarize, write_summary
-from .scenario import Scenario
+from .scenario import AUTO_TIME_DILATION, Scenario
 
 
 @dataclasses.dataclass
@@ -41,21 +43,41 @@ class CompletedRun:
     summary: pd.DataFrame
 
 
+def scenario_record(scenario: Scenario) -> dict:
+    """What scenario.json holds: the resolved scenario, every job, and how an auto K was chosen."""
+    record = {"name": scenario.name, "source_file": scenario.source_file,
+              "spec": scenario.spec.model_dump(), "jobs": [dataclasses.asdict(j) for j in scenario.jobs]}
+    if scenario.time_dilation_auto is not None:
+        record["time_dilation_auto"] = scenario.time_dilation_auto
+    return record
+
+
+def resolve_time_dilation(scenario: Scenario, console, measure=measure_step_s) -> Scenario:
+    """`scenario` at a factor: `time_dilation: auto` measured and chosen here (before any network
+    is built), said on the console; a given K unchanged."""
+    if scenario.time_dilation != AUTO_TIME_DILATION:
+        return scenario
+    with console.status("time_dilation auto: timing the workload's forward + backward on this machine"):
+        scenario = auto_time_dilation(scenario, measure)
+    console.print(f"time dilation auto: K = {scenario.time_dilation:g} ({scenario.time_dilation_auto['why']})")
+    return scenario
+
+
 def run_scenario(scenario: Scenario, backend_name: str, runs_root: Path = RUNS_ROOT,
-                 console=None) -> CompletedRun:
-    """Run every job of `scenario`; its run directory is marked complete, or incomplete on error."""
+                 console=None, measure=measure_step_s) -> CompletedRun:
+    """Run every job of `scenario`; its run directory is marked complete, or incomplete on error.
+    `measure`: how `time_dilation: auto` times a workload (harness/auto_dilation.py)."""
     from rich.console import Console
 
     console = console or Console(stderr=True)
     backend_cls, reason = choose_backend(backend_name)
     if reason:
         console.print(f"backend {reason}")
+    scenario = resolve_time_dilation(scenario, console, measure)
     run_id = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = runs_root / scenario.name / run_id
     run_dir.mkdir(parents=True, exist_ok=False)
-    write_json_atomic(run_dir / "scenario.json", {
-        "name": scenario.name, "source_file": scenario.source_file,
-        "spec": scenario.spec.model_dump(), "jobs": [dataclasses.asdict(j) for j in scenario.jobs]})
+    write_json_atomic(run_dir / "scenario.json", scenario_record(scenario))
     write_json_atomic(run_dir / "environment.json", environment(backend_cls.name))
     stop = scenario.spec.stop
     # watchdogs in wall-clock seconds: the scenario's are emulated, dilated by K like the network

@@ -12,7 +12,7 @@ import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from .dilation import ComputeProfile, load_profile
 from .faults import FaultEvent, read_trace
 from .inputs import topology_from_document
+from emulator.dilation import MAX_TIME_DILATION, MIN_TIME_DILATION
 from emulator.schema import ConfigError, config_error_from_pydantic, load_yaml_mapping
 from emulator.plan import make_plan
 from emulator.topology import MAX_NODES_PER_REGION, NodeLimits, Topology
@@ -27,6 +28,8 @@ from emulator.units import UnitError, parse_rate_bit_s
 
 MAX_JOBS = 500
 MAX_SEEDS = 20
+# time_dilation: auto, K chosen from the measured step time and the compute profile
+AUTO_TIME_DILATION = "auto"
 
 
 class AlgorithmEntry(BaseModel):
@@ -151,11 +154,25 @@ class ScenarioFile(BaseModel):
     servers: Literal["extra", "shared"] = "extra"
     server_region: Optional[str] = None
     # The network K times slower and every reported time divided by K: the job then stands for
-    # one on processors K times faster than this machine's (docs/TIME_DILATION.md).
-    time_dilation: float = Field(1.0, ge=1, le=1000)
+    # one on processors K times faster than this machine's (docs/TIME_DILATION.md). auto: K from
+    # this machine's measured step time and the compute profile (harness/auto_dilation.py), so
+    # that the padded step is never shorter than the real one.
+    time_dilation: Union[float, Literal["auto"]] = 1.0
     # The accelerator the job stands for (profiles/NAME.yaml or a file): forward + backward padded
     # to its step time, in emulated seconds (harness/dilation.py)
     compute_profile: Optional[str] = None
+
+    @field_validator("time_dilation", mode="before")
+    @classmethod
+    def _time_dilation(cls, value):
+        if value == AUTO_TIME_DILATION:
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                MIN_TIME_DILATION <= value <= MAX_TIME_DILATION):
+            raise ValueError(f"must be a number greater than or equal to {MIN_TIME_DILATION:g} and at most "
+                             f"{MAX_TIME_DILATION:g}, or {AUTO_TIME_DILATION} (chosen from compute_profile), "
+                             f"got {value!r}")
+        return float(value)
 
     @model_validator(mode="after")
     def _something_to_run(self):
@@ -216,17 +233,26 @@ class Scenario:
     spec: ScenarioFile
     topology: Topology
     jobs: list[Job]
+    # how `time_dilation: auto` chose K (harness/auto_dilation.py, AutoDilation.record()); None
+    # when K was given
+    time_dilation_auto: Optional[dict] = None
 
     def topology_for(self, point: NetworkPoint) -> Topology:
         return _topology_for(self.topology, self.spec, point)
 
     @property
-    def time_dilation(self) -> float:
+    def time_dilation(self) -> float | str:
+        """K, or "auto" until harness/auto_dilation.py has chosen it."""
         return self.spec.time_dilation
 
-    def with_time_dilation(self, k: float) -> "Scenario":
-        """This scenario at dilation `k` (jobs keep emulated seconds; the run dilates them)."""
-        return dataclasses.replace(self, spec=self.spec.model_copy(update={"time_dilation": k}))
+    def with_time_dilation(self, k: float | str, auto: Optional[dict] = None) -> "Scenario":
+        """This scenario at dilation `k` (jobs keep emulated seconds; the run dilates them), or at
+        "auto" (ConfigError naming the file and field when there is no compute profile to choose
+        K from). `auto`: how K was chosen, when it was."""
+        if k == AUTO_TIME_DILATION:
+            _check_auto_dilation(self.spec, self.source_file, "time_dilation (--time-dilation auto)")
+        return dataclasses.replace(self, spec=self.spec.model_copy(update={"time_dilation": k}),
+                                   time_dilation_auto=auto)
 
     def network_points(self) -> list[NetworkPoint]:
         seen: list[NetworkPoint] = []
@@ -334,6 +360,17 @@ def _check_trainer_config(source: str, field_prefix: str, config: dict) -> None:
         raise ConfigError(where, exc.message, source=source) from None
 
 
+def _check_auto_dilation(spec: ScenarioFile, source: str, field: str = "time_dilation") -> None:
+    """time_dilation: auto needs a compute profile (the step time K is chosen against) and the
+    trainers' model (the step time measured); a user's command has none."""
+    if spec.compute_profile is None:
+        raise ConfigError(field, "auto chooses K from a compute profile's step time: add compute_profile: NAME "
+                          "(profiles/) or give a factor", source=source)
+    if spec.command is not None:
+        raise ConfigError(field, "auto measures the trainers' model, and command: runs your own script: "
+                          "give a factor", source=source)
+
+
 def _check_faults(source: str, spec: ScenarioFile, topology: Topology) -> None:
     """Fault targets must exist in the topology (at its largest node count) and traces must parse."""
     counts = [n for n in spec.sweep.nodes_per_region if n] or [None]
@@ -366,6 +403,8 @@ def scenario_from_dict(data: dict, source: str) -> Scenario:
     name = spec.name or Path(source).stem
 
     _check_faults(source, spec, topology)
+    if spec.time_dilation == AUTO_TIME_DILATION:
+        _check_auto_dilation(spec, source)
     profile = load_profile(spec.compute_profile, source) if spec.compute_profile else None
     if spec.server_region is not None and spec.server_region not in topology.regions:
         raise ConfigError("server_region", f"unknown region {spec.server_region!r} "

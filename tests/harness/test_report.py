@@ -369,3 +369,12 @@ def test_the_report_says_what_data_the_jobs_trained_on(tmp_path):
     assert f"- data of `dts` seed 0 at delay1: {GENERATED}" in markdown
     assert "- data of `local_sgd` seed 0 at delay1: not recorded" in markdown
 
+
+def test_the_report_says_how_auto_time_dilation_chose_k(tmp_path):
+    run_dir = write_run(tmp_path, [FakeJob("sync")])
+    scenario = json.loads((run_dir / "scenario.json").read_text())
+    scenario["spec"]["time_dilation"] = 14.0
+    scenario["time_dilation_auto"] = {"k": 14.0, "why": "resnet20 on cifar10, batch 64: 320.0 ms per forward + backward"}
+    (run_dir / "scenario.json").write_text(json.dumps(scenario))
+    markdown = write_report([run_dir], tmp_path / "out").markdown.read_text()
+    assert "time dilation 14, chosen by auto: resnet20 on cifar10, batch 64: 320.0 ms per forward + backward" in markdown
