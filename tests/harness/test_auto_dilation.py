@@ -9,8 +9,8 @@ import pytest
 
 from emulator.schema import ConfigError
 from harness import cli
-from harness.auto_dilation import (StepMeasurement, auto_time_dilation, choose_time_dilation, contention_factor,
-                                   measure_step_s, rank_threads)
+from harness.auto_dilation import (AUTO_HEADROOM, StepMeasurement, auto_time_dilation, choose_time_dilation,
+                                   contention_factor, measure_step_s, rank_threads)
 from harness.dilation import load_profile
 from harness.run import scenario_record
 from harness.scenario import load_scenario
@@ -44,18 +44,19 @@ def test_k_makes_the_padded_step_cover_the_cpu_step_with_headroom(step_s, ranks,
     assert choice.contention == max(1.0, threads * ranks / cores)
     assert choice.rank_step_s == pytest.approx(step_s * choice.contention)
     assert choice.k == int(choice.k) and 1 <= choice.k <= 1000
-    assert AMP.step_s * choice.k >= 1.2 * choice.rank_step_s - 1e-12   # the padding covers the step, +20%
+    assert AUTO_HEADROOM == 1.5
+    assert AMP.step_s * choice.k >= 1.5 * choice.rank_step_s - 1e-12   # the padding covers the step, +50%
     if choice.k > 1:
-        assert AMP.step_s * (choice.k - 1) < 1.2 * choice.rank_step_s  # and K is the smallest that does
+        assert AMP.step_s * (choice.k - 1) < 1.5 * choice.rank_step_s  # and K is the smallest that does
 
 
 def test_k_for_a_resnet20_step_and_why():
-    # 0.2 s on 1 thread; 4 ranks share 2 cores: 0.4 s a rank step; 1.2 x 0.4 / 0.055 = 8.73 -> 9
+    # 0.2 s on 1 thread; 4 ranks share 2 cores: 0.4 s a rank step; 1.5 x 0.4 / 0.055 = 10.91 -> 11
     choice = choose_time_dilation(AMP, [measured(0.2)], ranks=4, cores=2)
-    assert (choice.k, choice.contention, choice.required_k) == (9.0, 2.0, pytest.approx(8.727, abs=1e-3))
+    assert (choice.k, choice.contention, choice.required_k) == (11.0, 2.0, pytest.approx(10.909, abs=1e-3))
     assert choice.why == ("resnet20 on cifar10, batch 64: 200.0 ms per forward + backward here (cpu, 1 thread(s), "
-                          "median of 5); 4 ranks on 2 cores: x2 -> 400.0 ms per rank step; x1.2 headroom / "
-                          "v100-resnet50-amp-b64's 55 ms = 8.73 -> K = 9")
+                          "median of 5); 4 ranks on 2 cores: x2 -> 400.0 ms per rank step; x1.5 headroom / "
+                          "v100-resnet50-amp-b64's 55 ms = 10.91 -> K = 11")
     assert not choice.clamped
 
 
@@ -67,7 +68,7 @@ def test_k_is_at_least_one_and_at_most_the_limit():
 
 def test_the_slowest_workload_decides():
     fast, slow = StepMeasurement("mlp", 0.01, [0.01]), StepMeasurement("resnet20", 0.3, [0.3])
-    assert choose_time_dilation(AMP, [fast, slow], ranks=1, cores=2).k == math.ceil(1.2 * 0.3 / 0.055)
+    assert choose_time_dilation(AMP, [fast, slow], ranks=1, cores=2).k == math.ceil(1.5 * 0.3 / 0.055)
 
 
 def test_contention_counts_the_ranks_sharing_cores_and_a_cpu_share():
@@ -89,14 +90,14 @@ def test_a_scenario_with_auto_gets_k_from_each_distinct_workload_measured_once(w
 
     chosen = auto_time_dilation(scenario, measure, cores=2)
     assert calls == [(64, 1)]                   # sync and local SGD train the same workload: timed once
-    assert chosen.time_dilation == math.ceil(1.2 * 0.3 / 0.055) == 7.0
+    assert chosen.time_dilation == math.ceil(1.5 * 0.3 / 0.055) == 9.0
     assert chosen.time_dilation_auto["measured"][0]["step_s"] == 0.3
     assert chosen.jobs[0].trainer_config["min_compute_s"] == 0.055   # emulated seconds; the run dilates them
     # an algorithm with its own batch size is a second workload, and the slower one decides
     bigger = load_scenario(write_yaml(SCENARIO.replace("{name: local_sgd, params: {H: 4}}",
                                                        "{name: local_sgd, workload: {batch_size: 128}}"), "b.yaml"))
     calls.clear()
-    assert auto_time_dilation(bigger, measure, cores=2).time_dilation == math.ceil(1.2 * 0.6 / 0.055)
+    assert auto_time_dilation(bigger, measure, cores=2).time_dilation == math.ceil(1.5 * 0.6 / 0.055)
     assert sorted(calls) == [(64, 1), (128, 1)]
 
 
@@ -104,10 +105,10 @@ def test_scenario_json_records_k_and_why(write_yaml):
     scenario = auto_time_dilation(load_scenario(write_yaml(SCENARIO, "s.yaml")), lambda c, t: measured(0.3, t),
                                   cores=2)
     record = json.loads(json.dumps(scenario_record(scenario)))
-    assert record["spec"]["time_dilation"] == 7.0                     # what load_run divides by
+    assert record["spec"]["time_dilation"] == 9.0                     # what load_run divides by
     auto = record["time_dilation_auto"]
-    assert (auto["k"], auto["profile"], auto["profile_step_s"], auto["ranks"]) == (7.0, "v100-resnet50-amp-b64", 0.055, 2)
-    assert auto["measured"][0]["workload"] == "resnet20 on cifar10, batch 64" and "K = 7" in auto["why"]
+    assert (auto["k"], auto["profile"], auto["profile_step_s"], auto["ranks"]) == (9.0, "v100-resnet50-amp-b64", 0.055, 2)
+    assert auto["measured"][0]["workload"] == "resnet20 on cifar10, batch 64" and "K = 9" in auto["why"]
     plain = load_scenario(write_yaml(SCENARIO.replace("time_dilation: auto", "time_dilation: 3"), "p.yaml"))
     assert "time_dilation_auto" not in scenario_record(plain) and scenario_record(plain)["spec"]["time_dilation"] == 3.0
 
@@ -196,7 +197,7 @@ def test_a_run_chooses_k_before_the_network_and_its_report_names_k_and_the_data(
     completed = run_module.run_scenario(scenario, "auto", tmp_path / "runs", console=console, measure=measure)
 
     assert events == ["measure", "up", "down"]              # measured before any network was built
-    k = math.ceil(1.2 * 0.1 / 0.055)                        # 2 ranks on 2 cores: no contention
+    k = math.ceil(1.5 * 0.1 / 0.055)                        # 2 ranks on 2 cores: no contention
     assert f"time dilation auto: K = {k} (" in console.file.getvalue()
     record = json.loads((completed.run_dir / "scenario.json").read_text())
     assert record["spec"]["time_dilation"] == k and record["time_dilation_auto"]["k"] == k
