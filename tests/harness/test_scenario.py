@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 from emulator.schema import ConfigError
+from harness.paths import PROJECT_ROOT
 from harness.results import load_run, summarize
 from emulator.plan import make_plan
 from harness.scenario import load_scenario
@@ -121,3 +122,17 @@ def test_the_summary_counts_workers_and_servers_apart(tmp_path):
     assert row["server_bytes_sent_per_node"] == pytest.approx(10 * 5000)
     assert row["comm_blocked_fraction"] == pytest.approx(0.4)  # the server's 0.9 s waits are not counted
     assert row["wire_bytes_per_node"] == pytest.approx(1200) and row["server_wire_bytes_per_node"] == pytest.approx(6000)
+
+
+@pytest.mark.parametrize("path", sorted((PROJECT_ROOT / "scenarios").rglob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_scenario_validates(path):
+    scenario = load_scenario(path)
+    assert scenario.jobs
+
+
+def test_the_cifar_workload_scenario_falls_back_to_generated_data_and_chooses_k_itself():
+    scenario = load_scenario(PROJECT_ROOT / "scenarios" / "workloads-cifar.yaml")
+    assert scenario.time_dilation == "auto" and scenario.spec.compute_profile == "v100-resnet50-amp-b64"
+    config = scenario.jobs[0].trainer_config
+    assert config["model"]["name"] == "resnet20" and config["batch_size"] == 64
+    assert config["dataset"]["name"] == "cifar10" and config["dataset"]["params"] == {"fallback": "generated"}
