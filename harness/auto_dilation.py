@@ -82,7 +82,7 @@ class AutoDilation:
         return asdict(self)
 
 
-def workload_key(trainer_config: dict) -> str:
+def step_time_key(trainer_config: dict) -> str:
     """What decides a job's step time: model, dataset, batch size and device (not the algorithm
     or the seed)."""
     return json.dumps({key: trainer_config.get(key) for key in ("model", "dataset", "batch_size", "device")},
@@ -184,7 +184,7 @@ def auto_time_dilation(scenario: Scenario, measure: Callable[[dict, int], StepMe
     profile = load_profile(scenario.spec.compute_profile, scenario.source_file)
     ranks = max(sum(scenario.topology_for(point).regions.values()) for point in scenario.network_points())
     threads = rank_threads(ranks)
-    workloads = {workload_key(job.trainer_config): job.trainer_config for job in scenario.jobs}
+    workloads = {step_time_key(job.trainer_config): job.trainer_config for job in scenario.jobs}
     measured = [measure(config, threads) for config in workloads.values()]
     choice = choose_time_dilation(profile, measured, ranks, cores or os.cpu_count() or 1,
                                   scenario.spec.cpu_share, headroom)
