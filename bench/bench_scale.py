@@ -33,6 +33,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 
 from emulator import netns  # noqa: E402
 from emulator.backends.base import Backend, read_state  # noqa: E402
@@ -42,27 +43,12 @@ from emulator.topology import load_topology  # noqa: E402
 from harness.console import teardown_on_signals  # noqa: E402
 from harness.environment import environment  # noqa: E402
 from harness.paths import RUNS_ROOT  # noqa: E402
+from trainers.records import read_complete_records  # noqa: E402
+from bench_delayline import cpu_seconds, ping_mean_ms  # noqa: E402  (one copy of each, in the delay-line bench)
 
 RESULTS = REPO / "results" / "bench"
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PING_RATE_HZ = 5
 PING_SECONDS = 20
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of `pid` (s), 0 when it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
-def ping_mean_ms(text: str):
-    for line in text.splitlines():
-        if "min/avg/max" in line:
-            return float(line.split("=")[1].split("/")[1])
-    return None
 
 
 def network_case(topology_path: Path, per_region: int) -> dict:
@@ -151,16 +137,6 @@ class DelayLineSampler(threading.Thread):
                 pass
 
 
-def records(path: Path) -> list[dict]:
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            pass
-    return rows
-
-
 def job_rows(run_dir: Path) -> list[dict]:
     """Per job: start-up, step time and its spread over ranks, memory, wall time."""
     rows = []
@@ -168,7 +144,7 @@ def job_rows(run_dir: Path) -> list[dict]:
         info = json.loads((job / "job.json").read_text())
         per_rank_step, startups, rss, steps_per_s = [], [], [], []
         for rank_file in sorted(job.glob("rank*.jsonl")):
-            rank = records(rank_file)
+            rank = read_complete_records(rank_file)
             start = next((r for r in rank if r["kind"] == "start"), None)
             steps = [r for r in rank if r["kind"] == "step"]
             status = next((r for r in reversed(rank) if r["kind"] == "status"), {})

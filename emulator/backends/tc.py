@@ -75,11 +75,12 @@ def class_id(node: Node) -> str:
     return f"{node.rank + 10:x}"
 
 
-def netem_limit_packets(spec: LinkSpec) -> int:
-    """Packets the delay stage's netem may hold: everything the bottleneck lets be in flight."""
+def netem_limit_packets(spec: LinkSpec, packet_bytes: int = SMALLEST_PACKET_BYTES) -> int:
+    """Packets the delay stage's netem may hold: everything the bottleneck lets be in flight (and
+    its queue), counted in packets of `packet_bytes`."""
     in_flight = spec.rate_bit_s * (spec.one_way_delay_ms + spec.jitter_ms) / 1000.0 / 8.0
     total = in_flight + (spec.queue_bytes or 0)
-    return max(MIN_NETEM_LIMIT_PACKETS, math.ceil(total / SMALLEST_PACKET_BYTES))
+    return max(MIN_NETEM_LIMIT_PACKETS, math.ceil(total / packet_bytes))
 
 
 def burst_bytes(rate_bit_s: float) -> int:
@@ -402,8 +403,7 @@ FULL_PACKET_BYTES = 1514
 def host_netem_limit(spec: LinkSpec) -> int:
     """netem's limit on a real host, where it holds both what is in flight and the queue behind
     the rate: the bandwidth-delay product plus the plan's queue, in full-size packets."""
-    in_flight = spec.rate_bit_s * (spec.one_way_delay_ms + spec.jitter_ms) / 1000.0 / 8.0
-    return max(16, math.ceil((in_flight + (spec.queue_bytes or 0)) / FULL_PACKET_BYTES))
+    return netem_limit_packets(spec, FULL_PACKET_BYTES)
 
 
 def host_stage(dev: str, destinations: list[tuple[str, LinkSpec]]) -> list[list[str]]:
@@ -461,7 +461,7 @@ def apply_host(dev: str, cmds: list[list[str]]) -> None:
     handle = host_root_handle(dev)
     if handle == HOST_ROOT_HANDLE:
         run_commands([["tc", "qdisc", "del", "dev", dev, "root"]])
-    elif handle is not None and handle != "0:":
+    elif handle is not None:
         raise CommandFailed(f"{dev} already has a root qdisc {handle} that wanbench did not add; "
                             f"remove it first (tc qdisc del dev {dev} root)")
     run_batch("tc", None, cmds)
