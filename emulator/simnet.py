@@ -103,7 +103,7 @@ def max_min_rates(resource_of: list[np.ndarray], capacity: np.ndarray, flow_cap:
         settle |= capped
         for res in resource_of:
             crossing = live & (res >= 0)
-            at_share = crossing & (level <= share[np.where(res >= 0, res, 0)] * (1 + 1e-12))
+            at_share = crossing & (level >= share[np.where(res >= 0, res, 0)] * (1 - 1e-12))
             # resources where some live flow has a lower level than the share are not settled
             below = np.zeros(len(capacity), dtype=bool)
             below[res[crossing & ~at_share]] = True

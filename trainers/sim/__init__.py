@@ -47,11 +47,13 @@ class SimClock:
         self._charged: dict[int, float] = {}  # rank -> compute already charged this forward+backward
 
     def perf_counter(self) -> float:
+        self.sim.settle()
         return self.sim.now
 
     monotonic = perf_counter
 
     def time(self) -> float:
+        self.sim.settle()
         return self.epoch_unix + self.sim.now
 
     def sleep(self, seconds: float) -> None:

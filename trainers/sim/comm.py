@@ -163,32 +163,40 @@ class SimComm(Comm):
         return f"sim:{self.allreduce_algorithm}"
 
     def _handle(self, done: Completion, result=None):
-        return (lambda: (self.sim.wait(done), result)[1]), (lambda: done.done)
+        return (lambda: (self.sim.wait(done), result)[1]), (lambda: self._poll(done))
+
+    def _poll(self, done: Completion) -> bool:
+        self.sim.settle()  # done by the time this rank has computed what it owes?
+        return done.done
 
     # -- point to point ------------------------------------------------------------------------
 
     def _isend(self, tensor, dst, tag: int = 0):
         if not 0 <= dst < self.world_size or dst == self.rank:
             raise ValueError(f"rank {self.rank}: cannot send to rank {dst}")
+        self.sim.settle()
         sent = Completion(what=f"send to rank {dst}")
         message = _Message(self.rank, dst, tag, tensor.detach().clone(), sent)
         self.sim.network.start_flow(self.rank, dst, tensor_nbytes(tensor), self.sim.now, token=message)
         return self._handle(sent)
 
     def _irecv(self, tensor, src, tag: int = 0):
+        self.sim.settle()
         receive = _Receive(tensor, src, None, tag, Completion(what=f"receive from rank {src}"))
         self.exchange.post(self.rank, receive)
         return self._handle(receive.done, tensor)
 
     def _irecv_any(self, tensor, sources=None):
+        self.sim.settle()
         receive = _Receive(tensor, None, frozenset(sources) if sources is not None else None, 0,
                            Completion(what="receive from any rank"))
         self.exchange.post(self.rank, receive)
-        return (lambda: (self.sim.wait(receive.done), receive.source)[1]), (lambda: receive.done.done)
+        return (lambda: (self.sim.wait(receive.done), receive.source)[1]), (lambda: self._poll(receive.done))
 
     # -- collectives -----------------------------------------------------------------------------
 
     def _collective(self, op: str, key: tuple, payload, write: Callable):
+        self.sim.settle()
         seq = self._collectives
         self._collectives += 1
         return self.exchange.enter(seq, op, key, self.rank, payload, write)

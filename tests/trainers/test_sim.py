@@ -1,0 +1,140 @@
+"""The simulated job (trainers.sim): engine semantics, timing against closed forms, equivalence
+with real gloo ranks, determinism."""
+
+import json
+import statistics
+
+import numpy as np
+import pytest
+import torch
+
+from emulator.simnet import FluidNetwork
+from tests.trainers.conftest import BASE_CONFIG, merge, records, run_sessions
+from trainers.loading import load_config
+from trainers.sim import ComputeModel, Deadlock, SimComm, Simulator, run_simulated
+
+MB = 1e6
+
+
+def network(n, latency_s=0.05, rate_bytes=125e6):
+    lat = np.full((n, n), latency_s)
+    np.fill_diagonal(lat, 0.0)
+    return FluidNetwork(latency_s=lat, rate=np.full((n, n), rate_bytes), jitter_s=np.zeros((n, n)),
+                        loss=np.zeros((n, n)), tcp_window=1e12, region_of=tuple(f"r{i}" for i in range(n)))
+
+
+def simulate(n, body, net=None):
+    """Run body(sim, comm, log) on every rank; returns the log of (rank, what, virtual s, value)."""
+    sim = Simulator(n, net or network(n), ComputeModel(0.0))
+    log = []
+    sim.run([lambda r=r: body(sim, SimComm(sim, r), log) for r in range(n)])
+    return log
+
+
+def test_a_message_arrives_after_its_bytes_and_one_way_delay():
+    def body(sim, comm, log):
+        if comm.rank == 0:
+            comm.isend(torch.full((250_000,), 7.0), 1).wait()   # 1 MB at 1 MB/s
+            log.append(("sent", sim.now))
+        else:
+            tensor = torch.zeros(250_000)
+            comm.recv(tensor, 0)
+            log.append(("received", sim.now, tensor[0].item()))
+
+    log = dict((entry[0], entry[1:]) for entry in simulate(2, body, network(2, 0.05, 1 * MB)))
+    assert log["sent"][0] == pytest.approx(1.0)
+    assert log["received"] == (pytest.approx(1.05), 7.0)
+
+
+def test_messages_match_receives_by_source_in_order():
+    def body(sim, comm, log):
+        if comm.rank in (1, 2):
+            for i in range(3):
+                comm.send(torch.tensor([10.0 * comm.rank + i]), 0)
+        else:
+            got = []
+            for _ in range(6):
+                tensor = torch.zeros(1)
+                source = comm.recv_any(tensor)
+                got.append((source, tensor.item()))
+            log.append(got)
+
+    (got,) = simulate(3, body)
+    for source in (1, 2):
+        assert [v for s, v in got if s == source] == [10.0 * source + i for i in range(3)]
+
+
+def test_an_all_reduce_ends_one_delay_after_the_last_rank_entered():
+    def body(sim, comm, log):
+        sim.sleep(0.1 * comm.rank)        # ranks enter at 0, 0.1, 0.2 s
+        tensor = torch.full((4,), float(comm.rank + 1))
+        comm.allreduce_async(tensor, "sum", algorithm="direct").wait()
+        log.append((comm.rank, sim.now, tensor[0].item()))
+
+    log = sorted(simulate(3, body, network(3, 0.05, 1e12)))
+    # direct exchange: a rank is done when every other rank's tensor has arrived
+    assert [t for _, t, _ in log] == pytest.approx([0.25, 0.25, 0.2])
+    assert {v for _, _, v in log} == {6.0}
+
+
+def test_every_rank_waiting_for_nothing_is_a_deadlock_named_per_rank():
+    def body(sim, comm, log):
+        comm.recv(torch.zeros(1), 1 - comm.rank)
+
+    with pytest.raises(Deadlock, match="rank 0: receive from rank 1"):
+        simulate(2, body)
+
+
+def config(tmp_path, name, **changes):
+    return load_config(merge(BASE_CONFIG, {**changes, "output_dir": str(tmp_path / name)}))
+
+
+def test_sync_step_is_compute_plus_the_exchange(tmp_path):
+    cfg = config(tmp_path, "sync", steps=12)
+    run_simulated(cfg, 2, network(2, 0.05, 125e6), ComputeModel(0.010, 0.002))
+    steps = records(tmp_path / "sync", 0, "step")
+    nbytes = 4 * sum(p.numel() for p in torch.nn.Linear(64, 32).parameters()) + 4 * (32 * 10 + 10)
+    exchange = 0.05 + nbytes / 125e6
+    # every step: forward + backward, the one all-reduce (the direct exchange: one delay), overhead.
+    # Rank 1 starts a delay later (rank 0's start-up broadcast), so the ranks take turns waiting a
+    # whole round trip and not at all: the mean per step is what the closed form says.
+    per_step = (steps[-1]["time_s"] - steps[1]["time_s"]) / (len(steps) - 2)
+    assert per_step == pytest.approx(0.010 + exchange + 0.002, rel=1e-3)
+    # one bucket: launched when the whole backward is done, so all of the exchange is waited for
+    assert statistics.mean(r["comm_blocked_s"] for r in steps[2:]) == pytest.approx(exchange, rel=0.02)
+    assert steps[0]["compute_unpadded_s"] == pytest.approx(0.010)
+
+
+def test_same_seed_same_records(tmp_path):
+    def run(name):
+        cfg = config(tmp_path, name, algorithm={"name": "swarmsgd", "params": {"H": 2}}, steps=20)
+        run_simulated(cfg, 4, network(4, 0.03, 10 * MB), ComputeModel(0.004, 0.001))
+        out = []
+        for rank in range(4):
+            for record in records(tmp_path / name, rank):
+                record.pop("time_unix")
+                record.pop("max_rss_mib", None)
+                out.append(record)
+        return out
+
+    first, second = run("a"), run("b")
+    assert [r for r in first if r["kind"] == "step"] and first == second
+
+
+def test_ddp_is_refused_with_the_reason(tmp_path):
+    with pytest.raises(ValueError, match="ddp cannot run on sim"):
+        run_simulated(config(tmp_path, "ddp", algorithm={"name": "ddp"}), 2, network(2), ComputeModel(0.01))
+
+
+@pytest.mark.slow
+def test_sync_on_sim_equals_sync_on_real_gloo_ranks(tmp_path, spawn_ranks):
+    changes = {"save_final_model": True, "steps": 15, "optimizer": {"momentum": 0.9}}
+    real = run_sessions(spawn_ranks, tmp_path / "real", 2, {"sync": changes})["sync"]
+    cfg = config(tmp_path, "sim", **changes)
+    run_simulated(cfg, 2, network(2), ComputeModel(0.01))
+    for rank in range(2):
+        a = torch.load(real / f"rank{rank}_final.pt")
+        b = torch.load(tmp_path / "sim" / f"rank{rank}_final.pt")
+        assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
+    assert [r["loss"] for r in records(real, 0, "step")] == pytest.approx(
+        [r["loss"] for r in records(tmp_path / "sim", 0, "step")], abs=1e-6)
