@@ -1,0 +1,190 @@
+"""The simulator against the emulator: the same scenario on tun and on sim (issue 13 §2).
+
+For each node count (aws-4region with N nodes per region), one scenario (the quickstart's
+workload: an MLP on digits, a fixed step budget, evaluated every few steps) with sync, local SGD,
+DTS, SwarmSGD, async PS and DiLoCo runs first through the emulated WAN (`wanbench run --backend
+tun`), then on the simulator (`--backend sim`) with the compute model taken from the tun run's
+own records: the median forward + backward (``compute_unpadded_s``) and the median rest of a
+step outside communication (``compute_s - compute_unpadded_s``) over every rank's steps. The
+network model is the same plan. Per job it prints tun's and sim's steps/s, time to the target
+accuracy and bytes sent per step per node, and the relative error of each (sim / tun - 1), then
+the median and worst absolute error. Writes a CSV under results/bench/. Needs root (tun).
+
+    WANBENCH_PREFIX=wbc .venv/bin/python bench/bench_sim_calibration.py                 # 4, 8, 16 nodes
+    WANBENCH_PREFIX=wbc .venv/bin/python bench/bench_sim_calibration.py --nodes-per-region 1 --steps 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from harness.console import teardown_on_signals  # noqa: E402
+from harness.environment import environment  # noqa: E402
+from harness.paths import RUNS_ROOT  # noqa: E402
+from trainers.records import read_complete_records  # noqa: E402
+
+RESULTS = REPO / "results" / "bench"
+ALGORITHMS = """
+  - {name: sync}
+  - {name: local_sgd, params: {H: 8}}
+  - {name: dts, params: {p: 4, t: 2}}
+  - {name: swarmsgd, params: {H: 4}}
+  - {name: async_ps}
+  - {name: diloco, params: {H: 8}}
+"""
+SCENARIO = """
+name: {name}
+description: bench_sim_calibration, {nodes} nodes on {backend}
+topology: {topology}
+nodes: {{london: {per_region}, tokyo: {per_region}, oregon: {per_region}, ohio: {per_region}}}
+backend: {backend}
+workload:
+  model: {{name: mlp, params: {{hidden_sizes: [64]}}}}
+  dataset: {{name: digits}}
+  batch_size: 32
+  lr: 0.1
+  optimizer: {{name: sgd, momentum: 0.9}}
+  eval_every: 5
+  threads_per_rank: 1
+stop:
+  steps: {steps}
+  target_accuracy: {target}
+algorithms:{algorithms}
+verify: {{enabled: false}}
+{sim}
+"""
+METRICS = ("steps_per_s", "time_to_target_s", "bytes_per_step_per_node")
+
+
+def run_scenario(text: str, name: str, backend: str) -> Path:
+    """`wanbench run` of the scenario ``text``; returns its run directory."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / f"{name}.yaml"
+        path.write_text(text)
+        done = subprocess.run([sys.executable, "-m", "harness.cli", "run", str(path), "--backend", backend],
+                              cwd=REPO, capture_output=True, text=True, timeout=7200)
+    if done.returncode != 0:
+        raise RuntimeError(f"wanbench run {name} on {backend} failed: {done.stderr[-3000:]}")
+    return max((RUNS_ROOT / name).iterdir(), key=lambda p: p.stat().st_mtime)
+
+
+def compute_model(run_dir: Path) -> dict:
+    """The median forward + backward and the median rest of a step, over every rank's steps
+    (the first two steps of each rank left out: warm-up)."""
+    forward_backward, rest = [], []
+    for path in sorted(run_dir.glob("**/rank*.jsonl")):
+        steps = [r for r in read_complete_records(path) if r.get("kind") == "step"][2:]
+        for record in steps:
+            if record.get("compute_unpadded_s") is not None:
+                forward_backward.append(record["compute_unpadded_s"])
+                if record.get("compute_s") is not None:
+                    rest.append(max(0.0, record["compute_s"] - record["compute_unpadded_s"]))
+    return {"compute_s": statistics.median(forward_backward), "overhead_s": statistics.median(rest) if rest else 0.0,
+            "samples": len(forward_backward)}
+
+
+def summary(run_dir: Path) -> pd.DataFrame:
+    table = pd.read_csv(run_dir / "summary.csv")
+    return table.set_index("label")
+
+
+def relative_error(sim, tun):
+    if sim is None or tun is None or pd.isna(sim) or pd.isna(tun) or tun == 0:
+        return None
+    return float(sim) / float(tun) - 1.0
+
+
+def case(per_region: int, steps: int, target: float, topology: Path, algorithms: str) -> list[dict]:
+    nodes = 4 * per_region
+    name = f"calibration-{nodes}"
+    common = dict(nodes=nodes, per_region=per_region, steps=steps, target=target, topology=topology.resolve(),
+                  algorithms=algorithms)
+    started = time.monotonic()
+    tun_dir = run_scenario(SCENARIO.format(name=name, backend="tun", sim="", **common), name, "tun")
+    tun_wall = time.monotonic() - started
+    model = compute_model(tun_dir)
+    sim_section = f"sim: {{compute_s: {model['compute_s']:.6f}, overhead_s: {model['overhead_s']:.6f}}}"
+    started = time.monotonic()
+    sim_dir = run_scenario(SCENARIO.format(name=name, backend="sim", sim=sim_section, **common), name, "sim")
+    sim_wall = time.monotonic() - started
+    tun, sim = summary(tun_dir), summary(sim_dir)
+    rows = []
+    for label in tun.index:
+        row = {"nodes": nodes, "label": label, "compute_s": model["compute_s"], "overhead_s": model["overhead_s"],
+               "tun_run": str(tun_dir.relative_to(REPO)), "sim_run": str(sim_dir.relative_to(REPO)),
+               "tun_wall_s": tun_wall, "sim_wall_s": sim_wall}
+        for metric in METRICS:
+            a = tun.loc[label].get(metric)
+            b = sim.loc[label].get(metric) if label in sim.index else None
+            row[f"tun_{metric}"], row[f"sim_{metric}"] = a, b
+            row[f"error_{metric}"] = relative_error(b, a)
+        rows.append(row)
+    return rows
+
+
+def fmt(value, spec=".3f") -> str:
+    return "-" if value is None or (isinstance(value, float) and pd.isna(value)) else format(value, spec)
+
+
+def main(argv=None) -> int:
+    with teardown_on_signals():  # SIGTERM ends the bench like Ctrl-C, so the networks come down
+        return _main(argv)
+
+
+def _main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes-per-region", default="1,2,4", help="comma-separated (x4 regions)")
+    parser.add_argument("--steps", type=int, default=60, help="step budget of each job")
+    parser.add_argument("--target", type=float, default=0.8, help="target accuracy for time to target")
+    parser.add_argument("--algorithms", default=None, help="comma-separated names (default: all six)")
+    parser.add_argument("--topology", type=Path, default=REPO / "topologies" / "aws-4region.yaml")
+    args = parser.parse_args(argv)
+    algorithms = ALGORITHMS
+    if args.algorithms:
+        wanted = args.algorithms.split(",")
+        algorithms = "\n" + "\n".join(line for line in ALGORITHMS.strip("\n").split("\n")
+                                      if line.split("name: ")[1].split(",")[0].rstrip("}") in wanted) + "\n"
+    env = environment("tun+sim", prefix=os.environ.get("WANBENCH_PREFIX", "wanb"), argv=sys.argv)
+    print("# sim calibration", json.dumps(env), flush=True)
+    rows = []
+    for per_region in [int(v) for v in args.nodes_per_region.split(",")]:
+        for row in case(per_region, args.steps, args.target, args.topology, algorithms):
+            rows.append(row)
+            print(f"nodes {row['nodes']:3d} {row['label']:<22} compute {row['compute_s'] * 1e3:6.2f} ms "
+                  f"(+{row['overhead_s'] * 1e3:5.2f})  "
+                  + "  ".join(f"{m} tun {fmt(row[f'tun_{m}'])} sim {fmt(row[f'sim_{m}'])} "
+                              f"err {fmt(row[f'error_{m}'], '+.1%')}" for m in METRICS), flush=True)
+    print("\n| metric | jobs | median abs error | worst abs error |\n|---|---|---|---|")
+    for metric in METRICS:
+        errors = [abs(r[f"error_{metric}"]) for r in rows if r[f"error_{metric}"] is not None]
+        if errors:
+            print(f"| {metric} | {len(errors)} | {statistics.median(errors):.1%} | {max(errors):.1%} |")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    path = RESULTS / f"bench_sim_calibration-{stamp}.csv"
+    fields = list(dict.fromkeys(k for r in rows for k in r))
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    path.with_suffix(".json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1, default=str))
+    print(f"\nwrote {path.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
