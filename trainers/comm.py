@@ -27,7 +27,7 @@ from __future__ import annotations
 import datetime
 import os
 import threading
-import time
+from trainers import clock
 from concurrent.futures import Future, ThreadPoolExecutor
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -124,10 +124,10 @@ class Work:
     def wait(self) -> Optional[torch.Tensor]:
         """Block until done; return the result tensor (None for operations without one)."""
         if not self._done:
-            start = time.perf_counter()
+            start = clock.perf_counter()
             self._result = self._wait_fn()
             if self._accounted:
-                self._comm._account(self._op, 0, 0, time.perf_counter() - start, calls=0)
+                self._comm._account(self._op, 0, 0, clock.perf_counter() - start, calls=0)
             self._done = True
         return self._result
 
@@ -417,10 +417,10 @@ class Comm(ABC):
     # -- accounting -----------------------------------------------------------------------------
 
     def _run(self, op: str, sent: int, recv: int, async_op: bool, launch: Callable) -> Optional[Work]:
-        start = time.perf_counter()
+        start = clock.perf_counter()
         wait_fn, poll_fn = launch()
         work = Work(self, op, wait_fn, poll_fn)
-        self._account(op, sent, recv, time.perf_counter() - start)
+        self._account(op, sent, recv, clock.perf_counter() - start)
         if async_op:
             return work
         work.wait()

@@ -12,6 +12,7 @@ generated CIFAR-shaped data, ``synthetic_cifar``, when asked to).
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import pickle
 import struct
@@ -507,8 +508,34 @@ def get_dataset_entry(name: str) -> DatasetEntry:
     return DATASETS[name]
 
 
+# Set by shared_datasets(): (config, seed) -> the bundle every caller gets.
+_shared: Optional[dict] = None
+
+
+@contextlib.contextmanager
+def shared_datasets():
+    """Within it, :func:`load_dataset` loads each (config, seed) once and hands every caller the
+    same bundle: the ranks of a simulated job share one process (``trainers.sim``), and 1,024
+    copies of a data set would be 1,024 times its memory. Nothing writes into a bundle."""
+    global _shared
+    previous, _shared = _shared, {}
+    try:
+        yield
+    finally:
+        _shared = previous
+
+
 def load_dataset(cfg: DatasetConfig, seed: int) -> DataBundle:
     """Load dataset ``cfg.name`` with its resolved params; the test split is capped by max_test_samples."""
+    if _shared is not None:
+        key = (repr(cfg), seed)
+        if key not in _shared:
+            _shared[key] = _load_dataset(cfg, seed)
+        return _shared[key]
+    return _load_dataset(cfg, seed)
+
+
+def _load_dataset(cfg: DatasetConfig, seed: int) -> DataBundle:
     entry = get_dataset_entry(cfg.name)
     bundle = entry.load(cfg, from_dict(entry.Params, cfg.params, "dataset.params"), seed)
     if cfg.max_test_samples is not None:

@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 from pathlib import Path
 from typing import Any
+
+from trainers import clock
 
 # Rank 0 writes the resolved config (every default filled in) here, in the run's output_dir. Runs
 # made before it existed have it in config.json (rank 0 overwrote the file the ranks started from).
@@ -33,8 +34,8 @@ class RecordWriter:
         self.path = Path(directory) / f"rank{rank}.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.rank = rank
-        self.start_unix = time.time()
-        self._start_monotonic = time.monotonic()
+        self.start_unix = clock.wall_time()
+        self._start_monotonic = clock.monotonic()
         self.excluded_s = 0.0  # off the training clock so far (s)
         # Line buffering plus an explicit flush: each record reaches the OS before write() returns.
         self._file = open(self.path, "a" if append else "w", buffering=1)
@@ -44,7 +45,7 @@ class RecordWriter:
         record = {
             "kind": kind,
             "rank": self.rank,
-            "time_unix": time.time(),
+            "time_unix": clock.wall_time(),
             "time_s": self.clock(),
             **fields,
         }
@@ -54,7 +55,7 @@ class RecordWriter:
 
     def clock(self) -> float:
         """The training clock now: s since the rank started, less the excluded time."""
-        return time.monotonic() - self._start_monotonic - self.excluded_s
+        return clock.monotonic() - self._start_monotonic - self.excluded_s
 
     def exclude(self, seconds: float) -> None:
         """Take ``seconds`` (just spent on something that is not training) off the training clock."""

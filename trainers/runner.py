@@ -21,14 +21,14 @@ import os
 import platform
 import resource
 import socket
-import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import MutableMapping, Optional
+from typing import Callable, MutableMapping, Optional
 
 import torch
 
+from trainers import clock
 from trainers.algorithms import AlgorithmContext, get_algorithm
 from trainers.comm import Comm, PeerLost, TorchComm
 from trainers.config import (COMM_BACKEND_VARIABLE, GPU_REASON_VARIABLE, GPU_SHARED_BY_VARIABLE, Config,
@@ -64,24 +64,34 @@ def ensure_single_process_env(env: MutableMapping[str, str]) -> None:
         env.setdefault("MASTER_PORT", str(free_port()))
 
 
-def run(config: Config) -> RunResult:
-    """Train on this rank as ``config`` says, writing records; re-raises after recording a failure."""
-    ensure_single_process_env(os.environ)
-    rank = int(os.environ["RANK"])
-    world_size = int(os.environ["WORLD_SIZE"])
-    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+def run(config: Config, comm_factory: Optional[Callable[[], Comm]] = None) -> RunResult:
+    """Train on this rank as ``config`` says, writing records; re-raises after recording a failure.
+
+    ``comm_factory``: the communication layer to use instead of the one the torchrun environment
+    and the config name (a simulated run's ranks share one process: ``trainers.sim``); the rank
+    and world size are then the comm's.
+    """
+    comm: Optional[Comm] = comm_factory() if comm_factory is not None else None
+    if comm is None:
+        ensure_single_process_env(os.environ)
+        rank = int(os.environ["RANK"])
+        world_size = int(os.environ["WORLD_SIZE"])
+        restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    else:
+        rank, world_size, restarts = comm.rank, comm.world_size, 0
     output_dir = Path(config.output_dir)
     writer = RecordWriter(output_dir, rank, append=restarts > 0)  # a restarted rank adds to its records
-    comm = None
     try:
         requested_backend = config.comm.backend
-        config = with_launcher_backend(config, os.environ)
+        if comm_factory is None:
+            config = with_launcher_backend(config, os.environ)
         if rank == 0:
             # Its own file, replaced whole: the config file the ranks were started with may be
             # read by another rank still (in a run directory it is config.json).
             write_json_atomic(output_dir / RESOLVED_CONFIG_FILE, to_dict(config))
         device = _device(config)
-        comm = _make_comm(config, device)
+        if comm is None:
+            comm = _make_comm(config, device)
         writer.write(
             "start",
             restarts=restarts,
@@ -93,7 +103,7 @@ def run(config: Config) -> RunResult:
             python=platform.python_version(),
             torch=torch.__version__,
             device=str(device),
-            backend=config.comm.backend,
+            backend=comm.transport if comm_factory is not None else config.comm.backend,
             # which GPU (None on CPU), the backend asked for and the one run, and the launcher's why
             placement=_placement(device, requested_backend, config.comm.backend, os.environ),
             # which all-reduce: "gloo" or "ours:<algorithm>" (comm.allreduce); ddp's reducer is torch's own
@@ -202,6 +212,7 @@ def _train(config: Config, comm: TorchComm, writer: RecordWriter, device: torch.
     shards = shard_indices(shard_keys, world_size, config.dataset.shard, config.dataset.alpha, config.seed)
     sampler = BatchSampler(shards[rank], config.batch_size, seed=config.seed * 1000 + rank)
     model = build_model(config.model.name, config.model.params, data.input_shape, data.num_classes, config.seed).to(device)
+    clock.attach(model)  # before the algorithm's hooks: a virtual clock spreads backward over them
 
     algorithm_cls = get_algorithm(config.algorithm.name)
     params = from_dict(algorithm_cls.Params, config.algorithm.params, "algorithm.params")
@@ -237,8 +248,9 @@ def _train(config: Config, comm: TorchComm, writer: RecordWriter, device: torch.
         indices = sampler.next_indices()
         batch = (data.inputs(data.train_x[indices].to(device)), data.train_y[indices].to(device))
         sent_0, recv_0, blocked_0 = comm.stats.snapshot()
-        step_start = time.perf_counter()
+        step_start = clock.perf_counter()
         result = algorithm.train_step(step, batch)
+        clock.step_done()
         request = stop.poll(step)
         if request is not None and request.stop_step < end:
             end, stop_reason = request.stop_step, request.reason
@@ -247,7 +259,7 @@ def _train(config: Config, comm: TorchComm, writer: RecordWriter, device: torch.
             algorithm.finish()  # draining in-flight communication belongs to the last step
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # so step_s includes the GPU work launched this step
-        step_s = time.perf_counter() - step_start
+        step_s = clock.perf_counter() - step_start
         sent_1, recv_1, blocked_1 = comm.stats.snapshot()
         blocked = blocked_1 - blocked_0 if algorithm.measures_blocked_time else None
         bytes_sent_total += sent_1 - sent_0
@@ -284,16 +296,16 @@ def _snapshot(algorithm, writer: RecordWriter, output_dir: str, rank: int, eval_
               train_start: float) -> None:
     """Write this rank's part of the output model (no communication); the time it takes is taken
     off the training clock and recorded (``snapshot`` record: ``snapshot_s``, ``snapshot_s_total``)."""
-    started = time.perf_counter()
+    started = clock.perf_counter()
     output = algorithm.output_state()
     if output is None:
-        writer.exclude(time.perf_counter() - started)
+        writer.exclude(clock.perf_counter() - started)
         return
-    clock = writer.clock()
-    size = write_snapshot(output_dir, rank, eval_index, step, clock, clock - train_start, output)
-    snapshot_s = time.perf_counter() - started
+    now = writer.clock()
+    size = write_snapshot(output_dir, rank, eval_index, step, now, now - train_start, output)
+    snapshot_s = clock.perf_counter() - started
     writer.exclude(snapshot_s)
-    writer.write("snapshot", eval_index=eval_index, step=step, train_time_s=clock - train_start, role=output.role,
+    writer.write("snapshot", eval_index=eval_index, step=step, train_time_s=now - train_start, role=output.role,
                  bytes=size, snapshot_s=snapshot_s, snapshot_s_total=writer.excluded_s)
 
 

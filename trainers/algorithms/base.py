@@ -12,7 +12,6 @@ dataclass (checked in ``__post_init__``) and an explicit state object, then one 
 from __future__ import annotations
 
 import copy
-import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Iterable, Optional
@@ -20,6 +19,7 @@ from typing import Callable, ClassVar, Iterable, Optional
 import torch
 from torch import nn
 
+from trainers import clock
 from trainers.comm import Comm
 from trainers.config import OptimizerConfig
 from trainers.snapshots import OutputState
@@ -164,7 +164,7 @@ class Algorithm(ABC):
     def forward_backward(self, batch: tuple, model: Optional[nn.Module] = None) -> float:
         """Zero gradients, compute the loss on ``batch`` and back-propagate (padded to the compute
         profile, :meth:`pad_compute`); returns the loss."""
-        started = time.perf_counter()
+        started = clock.perf_counter()
         model = model or self.model
         self.optimizer.zero_grad(set_to_none=False)
         loss = self.ctx.loss_fn(model, batch)
@@ -178,11 +178,11 @@ class Algorithm(ABC):
         the profiled accelerator's time, communication in flight overlapping it as it would."""
         if self.ctx.device.type == "cuda":
             torch.cuda.synchronize(self.ctx.device)
-        self.compute_unpadded_s = time.perf_counter() - started
+        self.compute_unpadded_s = clock.compute_done(started)
         if self.ctx.min_compute_s:
             left = self.ctx.min_compute_s - self.compute_unpadded_s
             if left > 0:
-                time.sleep(left)
+                clock.sleep(left)
 
     def broadcast_tensors(self, tensors: list[torch.Tensor], src: int) -> None:
         """Overwrite ``tensors`` on every rank with rank ``src``'s values, in one message per dtype."""

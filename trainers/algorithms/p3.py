@@ -29,7 +29,6 @@ broadcast, evaluation) run only when no slice is in flight, so they stay in step
 
 from __future__ import annotations
 
-import time
 
 from dataclasses import dataclass, field
 from typing import Optional
@@ -38,6 +37,7 @@ import torch
 from torch import nn
 
 from trainers.algorithms.base import Algorithm, AlgorithmContext, StepResult
+from trainers import clock
 from trainers.comm import Work
 from trainers.config import require_int
 
@@ -162,7 +162,7 @@ class P3(Algorithm):
         # Otherwise .grad still holds last step's local gradients, some not yet sent; each layer's are
         # zeroed when its update is applied, so all are zero before this step's backward.
         self._recording_order = not self.slices
-        started = time.perf_counter()
+        started = clock.perf_counter()
         loss = self.ctx.loss_fn(self.model, batch)  # pre-hooks apply last step's updates layer by layer
         self._recording_order = False
         self.flush()  # layers the forward pass did not call

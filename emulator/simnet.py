@@ -1,0 +1,309 @@
+"""The simulated network of ``--backend sim``: a fluid model of the plan's links, no kernel.
+
+The same plan the tun and tc backends build (per-pair one-way delay, rate, jitter, loss; the
+TCP buffer limit) becomes matrices over the nodes, indexed by rank. A message is a *flow*: it
+starts when the sender posts it, shares bandwidth with the flows in flight while its bytes are
+sent, and is delivered one one-way delay (plus jitter) after its last byte left. Sharing is
+max-min fair (progressive filling, :func:`max_min_rates`) over these resources:
+
+* each ordered pair's path (its ``rate``): flows between the same two nodes share it, as they
+  share one delay-line link on tun or one netem class on tc;
+* each node's NIC, one way out and one way in, when ``nic_rate_bit_s`` is given (the emulators
+  have no NIC limit: every pair is its own link; a NIC makes a node's flows to many peers share).
+
+Each flow is also capped by what one TCP connection can do on its path: a window of at most the
+plan's TCP buffer per round trip, and with loss the Mathis et al. response function
+``MSS / RTT x 1.22 / sqrt(p)``. Slow start is not modelled (connections are long-lived and kept
+busy), nor are queues: delay is the link's, never a standing queue's.
+
+Pure: numpy arrays in, times out. The event loop that drives it (``trainers.sim``) asks for the
+next completion with :meth:`FluidNetwork.next_completion` and advances with :meth:`advance`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from .linkspec import LinkSpec
+from .plan import Plan
+
+MSS_BYTES = 1448          # TCP payload per segment on a 1500-byte MTU (timestamps on)
+MATHIS_C = math.sqrt(1.5)  # ~1.22, the constant of the Mathis response function (periodic loss)
+INFINITE = float("inf")
+
+
+@dataclass
+class Flow:
+    """One message in flight."""
+
+    flow_id: int
+    src: int
+    dst: int
+    size: float            # bytes
+    started: float         # virtual s
+    remaining: float       # bytes not yet sent
+    rate: float = 0.0      # bytes/s now
+    token: object = None   # the caller's, handed back on completion
+
+
+@dataclass
+class Delivery:
+    """A flow whose last byte left at ``sent_at`` and that arrives at ``arrives_at``."""
+
+    flow_id: int
+    src: int
+    dst: int
+    size: float
+    started: float
+    sent_at: float
+    arrives_at: float
+    token: object = None
+
+
+def max_min_rates(resource_of: list[np.ndarray], capacity: np.ndarray, flow_cap: np.ndarray) -> np.ndarray:
+    """Max-min fair rates by progressive filling.
+
+    Args:
+        resource_of: per resource kind, an int array (one entry per flow) naming the resource the
+            flow crosses (index into ``capacity``), or -1 where it crosses none of that kind.
+        capacity: every resource's capacity (bytes/s); 0 stalls its flows.
+        flow_cap: each flow's own ceiling (bytes/s; inf: none).
+
+    Returns each flow's rate. Each round freezes, at their fair share, the flows of every resource
+    whose share is no larger than any other constraint of those flows (and the flows whose own cap
+    is their tightest constraint); at least one resource or flow freezes per round.
+    """
+    flows = len(flow_cap)
+    rates = np.zeros(flows)
+    if flows == 0:
+        return rates
+    frozen = np.zeros(flows, dtype=bool)
+    remaining = capacity.astype(float).copy()
+    while not frozen.all():
+        live = ~frozen
+        counts = np.zeros(len(capacity))
+        for res in resource_of:
+            used = live & (res >= 0)
+            counts += np.bincount(res[used], minlength=len(capacity))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = np.where(counts > 0, np.maximum(remaining, 0.0) / np.maximum(counts, 1), INFINITE)
+        level = flow_cap.astype(float).copy()
+        for res in resource_of:
+            crossing = res >= 0
+            level[crossing] = np.minimum(level[crossing], share[res[crossing]])
+        level[frozen] = INFINITE
+        # A resource is settled when every live flow on it has its share as level; a flow is
+        # settled when its level is set by a settled resource or by its own cap.
+        settle = np.zeros(flows, dtype=bool)
+        capped = live & (flow_cap <= level)
+        settle |= capped
+        for res in resource_of:
+            crossing = live & (res >= 0)
+            at_share = crossing & (level <= share[np.where(res >= 0, res, 0)] * (1 + 1e-12))
+            # resources where some live flow has a lower level than the share are not settled
+            below = np.zeros(len(capacity), dtype=bool)
+            below[res[crossing & ~at_share]] = True
+            settle |= at_share & ~below[np.where(res >= 0, res, 0)]
+        if not settle.any():  # numerical corner: freeze the global minimum
+            settle = live & (level <= level[live].min() * (1 + 1e-12))
+        rates[settle] = level[settle]
+        frozen |= settle
+        for res in resource_of:
+            used = settle & (res >= 0)
+            np.subtract.at(remaining, res[used], rates[used])
+    return rates
+
+
+@dataclass
+class FluidNetwork:
+    """The plan's links as matrices over ranks, and the flows in flight (see the module docstring).
+
+    Args:
+        latency_s: one-way delay, [src, dst] (s).
+        rate: path rate, [src, dst] (bytes/s).
+        jitter_s: one-way jitter, [src, dst] (s): each message's delay is drawn uniformly within
+            +-jitter (netem's default distribution), never below zero, never overtaking the
+            previous message of its pair (TCP delivers in order).
+        loss: loss fraction, [src, dst]; 1.0: the path is down (its flows stall).
+        tcp_window: bytes one connection may have in flight (the plan's TCP buffer limit).
+        nic: each node's NIC rate each way (bytes/s), or None.
+        region_of: each rank's region (for :meth:`set_link`).
+    """
+
+    latency_s: np.ndarray
+    rate: np.ndarray
+    jitter_s: np.ndarray
+    loss: np.ndarray
+    tcp_window: float
+    nic: Optional[float] = None
+    region_of: tuple = ()
+    seed: int = 0
+    _base: dict = field(default_factory=dict, repr=False)
+    _flows: dict = field(default_factory=dict, repr=False)
+    _next_id: int = 0
+    _now: float = 0.0
+    _last_arrival: dict = field(default_factory=dict, repr=False)
+    _rng: Optional[np.random.Generator] = field(default=None, repr=False)
+    _cap: Optional[np.ndarray] = field(default=None, repr=False)  # connection_cap(), until a link changes
+
+    def __post_init__(self) -> None:
+        self._rng = np.random.default_rng(self.seed)
+        self._base = {"latency_s": self.latency_s.copy(), "rate": self.rate.copy(),
+                      "jitter_s": self.jitter_s.copy(), "loss": self.loss.copy()}
+
+    @property
+    def size(self) -> int:
+        return len(self.latency_s)
+
+    @classmethod
+    def from_plan(cls, plan: Plan, nic_rate_bit_s: Optional[float] = None, seed: int = 0) -> "FluidNetwork":
+        """The network of ``plan`` (ranks in plan order); ``nic_rate_bit_s``: every node's NIC."""
+        regions = sorted({node.region for node in plan.nodes})
+        index = {name: i for i, name in enumerate(regions)}
+        r = len(regions)
+        lat, rate, jit, loss = (np.zeros((r, r)) for _ in range(4))
+        for (src, dst), spec in plan.region_links.items():
+            i, j = index[src], index[dst]
+            lat[i, j] = spec.one_way_delay_ms / 1000.0
+            rate[i, j] = spec.rate_bit_s / 8.0
+            jit[i, j] = spec.jitter_ms / 1000.0
+            loss[i, j] = spec.loss_fraction
+        of = np.array([index[node.region] for node in sorted(plan.nodes, key=lambda n: n.rank)])
+        grid = np.ix_(of, of)
+        net = cls(latency_s=lat[grid], rate=rate[grid], jitter_s=jit[grid], loss=loss[grid],
+                  tcp_window=float(plan.tcp_buffer_max_bytes), nic=nic_rate_bit_s / 8.0 if nic_rate_bit_s else None,
+                  region_of=tuple(regions[i] for i in of), seed=seed)
+        np.fill_diagonal(net.latency_s, 0.0)
+        np.fill_diagonal(net._base["latency_s"], 0.0)
+        return net
+
+    # -- the path's properties ----------------------------------------------------------------
+
+    def rtt_s(self) -> np.ndarray:
+        """Round-trip time per pair: the delay there plus back."""
+        return self.latency_s + self.latency_s.T
+
+    def connection_cap(self) -> np.ndarray:
+        """What one TCP connection can carry per pair (bytes/s): window per RTT, Mathis with loss."""
+        rtt = np.maximum(self.rtt_s(), 1e-6)
+        cap = np.minimum(self.rate, self.tcp_window / rtt)
+        lossy = (self.loss > 0) & (self.loss < 1)
+        if lossy.any():
+            mathis = MSS_BYTES / rtt * MATHIS_C / np.sqrt(np.where(lossy, self.loss, 1.0))
+            cap = np.where(lossy, np.minimum(cap, mathis), cap)
+        return np.where(self.loss >= 1.0, 0.0, cap)
+
+    def effective_rate(self) -> np.ndarray:
+        """One flow's rate per pair when it is alone (the collective models use it)."""
+        cap = self.connection_cap()
+        if self.nic is not None:
+            cap = np.minimum(cap, self.nic)
+        return cap
+
+    # -- link changes (faults) ----------------------------------------------------------------
+
+    def set_link(self, src_region: str, dst_region: str, spec: Optional[LinkSpec]) -> None:
+        """Change every pair from ``src_region`` to ``dst_region`` now (None: back to the plan's)."""
+        src = np.array([r == src_region for r in self.region_of])
+        dst = np.array([r == dst_region for r in self.region_of])
+        mask = np.outer(src, dst)
+        np.fill_diagonal(mask, False)
+        if not mask.any():
+            raise ValueError(f"no pair from {src_region!r} to {dst_region!r}")
+        if spec is None:
+            for name in ("latency_s", "rate", "jitter_s", "loss"):
+                getattr(self, name)[mask] = self._base[name][mask]
+        else:
+            self.latency_s[mask] = spec.one_way_delay_ms / 1000.0
+            self.rate[mask] = spec.rate_bit_s / 8.0
+            self.jitter_s[mask] = spec.jitter_ms / 1000.0
+            self.loss[mask] = spec.loss_fraction
+        self._cap = None
+        self._rerate()
+
+    # -- flows --------------------------------------------------------------------------------
+
+    def start_flow(self, src: int, dst: int, size: float, now: float, token: object = None) -> int:
+        """Post ``size`` bytes from ``src`` to ``dst`` at ``now``; returns the flow's id."""
+        self.advance(now)
+        flow_id = self._next_id
+        self._next_id += 1
+        self._flows[flow_id] = Flow(flow_id, src, dst, float(size), now, float(size), token=token)
+        self._rerate()
+        return flow_id
+
+    def next_completion(self) -> float:
+        """When the next flow in flight sends its last byte (inf: none will)."""
+        best = INFINITE
+        for flow in self._flows.values():
+            if flow.remaining <= 0:
+                return self._now
+            if flow.rate > 0:
+                best = min(best, self._now + flow.remaining / flow.rate)
+        return best
+
+    def advance(self, now: float) -> list[Delivery]:
+        """Move the fluid to ``now``; returns the flows whose last byte left by then (in order),
+        each with its arrival time."""
+        if now < self._now - 1e-12:
+            raise ValueError(f"time goes back: {now} < {self._now}")
+        done: list[Delivery] = []
+        while True:
+            upcoming = self.next_completion()
+            step_to = min(upcoming, now)
+            dt = step_to - self._now
+            if dt > 0:
+                for flow in self._flows.values():
+                    flow.remaining -= flow.rate * dt
+                self._now = step_to
+            finished = [f for f in self._flows.values() if f.remaining <= max(1e-9 * f.size, 1e-6)]
+            if not finished:
+                break
+            for flow in sorted(finished, key=lambda f: f.flow_id):
+                del self._flows[flow.flow_id]
+                done.append(self._deliver(flow))
+            self._rerate()
+            if upcoming >= now:
+                break
+        self._now = max(self._now, now)
+        return done
+
+    def _deliver(self, flow: Flow) -> Delivery:
+        delay = self.latency_s[flow.src, flow.dst]
+        jitter = self.jitter_s[flow.src, flow.dst]
+        if jitter > 0:
+            delay = max(0.0, delay + float(self._rng.uniform(-jitter, jitter)))
+        key = (flow.src, flow.dst)
+        arrives = max(self._now + delay, self._last_arrival.get(key, 0.0))
+        self._last_arrival[key] = arrives
+        return Delivery(flow.flow_id, flow.src, flow.dst, flow.size, flow.started, self._now, arrives, flow.token)
+
+    def _rerate(self) -> None:
+        """Max-min rates of the flows in flight over pair paths (and NICs): only the resources
+        some flow crosses take part, so the cost grows with the flows, not with the nodes."""
+        flows = list(self._flows.values())
+        if not flows:
+            return
+        if self._cap is None:
+            self._cap = self.connection_cap()
+        src = np.array([f.src for f in flows])
+        dst = np.array([f.dst for f in flows])
+        pairs, pair_index = np.unique(src * self.size + dst, return_inverse=True)
+        path = self.rate.reshape(-1)[pairs].copy()
+        path[self.loss.reshape(-1)[pairs] >= 1.0] = 0.0
+        kinds, capacity = [pair_index], [path]
+        if self.nic is not None:
+            for ends in (src, dst):
+                used, index = np.unique(ends, return_inverse=True)
+                kinds.append(index + sum(len(c) for c in capacity))
+                capacity.append(np.full(len(used), self.nic))
+        rates = max_min_rates(kinds, np.concatenate(capacity), self._cap[src, dst])
+        for flow, rate in zip(flows, rates):
+            flow.rate = float(rate)
+
+    def in_flight(self) -> int:
+        return len(self._flows)

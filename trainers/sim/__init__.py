@@ -1,0 +1,138 @@
+"""Simulated jobs (``--backend sim``): every rank of a job in one process, on a virtual clock.
+
+Each rank runs the real trainer (``trainers.runner.run``: its model, data shard, optimizer and
+algorithm, so accuracy is real) in a thread of its own; the engine (:mod:`trainers.sim.engine`)
+runs one rank at a time in virtual-time order. Communication goes through :class:`SimComm`
+(the one comm layer, on the simulated network the harness hands in: ``emulator.simnet``), and
+every time the trainers read or spend goes through the virtual clock (``trainers.clock``). The
+ranks write the same files a real job writes (``rank<N>.jsonl``, snapshots, the resolved config),
+with virtual times, so results, summaries and reports read them unchanged.
+
+Deterministic: the same config, network and compute model give the same records, bit for bit
+(``time_unix`` apart: it is the wall time the run started plus virtual time).
+
+Not simulated: torch DDP (its reducer talks to torch.distributed itself: ``ddp`` is refused),
+crashes and rejoins (the elastic comm), GPUs (ranks compute on the CPU; a compute model or
+profile stands for the accelerator).
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from typing import Callable, Optional, Sequence
+
+import torch
+from torch import nn
+
+from trainers import clock
+from trainers.config import Config
+from trainers.datasets import shared_datasets
+
+from .comm import SimComm
+from .engine import ComputeModel, Deadlock, SimAborted, Simulator
+
+__all__ = ["ComputeModel", "Deadlock", "SimComm", "Simulator", "run_simulated", "UNSUPPORTED_ALGORITHMS"]
+
+# Algorithms whose communication does not go through the comm layer.
+UNSUPPORTED_ALGORITHMS = {"ddp": "torch DDP's reducer talks to torch.distributed itself, not to the comm layer"}
+
+
+class SimClock:
+    """``trainers.clock`` on the simulator: readings are virtual time, compute charges the model."""
+
+    def __init__(self, sim: Simulator, epoch_unix: float):
+        self.sim = sim
+        self.epoch_unix = epoch_unix
+        self._charged: dict[int, float] = {}  # rank -> compute already charged this forward+backward
+
+    def perf_counter(self) -> float:
+        return self.sim.now
+
+    monotonic = perf_counter
+
+    def time(self) -> float:
+        return self.epoch_unix + self.sim.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sim.sleep(seconds)
+
+    def _compute_s(self, rank: int) -> float:
+        return self.sim.compute.forward_backward_s * self.sim.compute_factor.get(rank, 1.0)
+
+    def compute_done(self, started: float) -> float:
+        rank = self.sim.rank
+        total = self._compute_s(rank)
+        self.sim.sleep(total - self._charged.pop(rank, 0.0))
+        return total
+
+    def step_done(self) -> None:
+        overhead = self.sim.compute.step_overhead_s * self.sim.compute_factor.get(self.sim.rank, 1.0)
+        self.sim.sleep(overhead)
+
+    def attach(self, model: nn.Module) -> None:
+        """Charge the backward pass gradient by gradient (the forward's share with the first), so
+        that what the algorithm launches from its gradient hooks overlaps the rest of backward."""
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        total = sum(p.numel() for p in trainable) or 1
+        forward = self.sim.compute.forward_fraction
+
+        def charge(param: nn.Parameter, fraction: float) -> None:
+            rank = self.sim.rank
+            compute = self._compute_s(rank)
+            already = self._charged.get(rank, 0.0)
+            spend = (forward * compute if already == 0.0 else 0.0) + (1 - forward) * compute * fraction
+            spend = min(spend, compute - already)
+            self._charged[rank] = already + spend
+            self.sim.sleep(spend)
+
+        for param in trainable:
+            param.register_post_accumulate_grad_hook(lambda p, f=param.numel() / total: charge(p, f))
+
+
+def run_simulated(config: Config, world_size: int, network, compute: ComputeModel,
+                  actions: Sequence[tuple[float, Callable[[Simulator], None]]] = (),
+                  max_time_s: Optional[float] = None) -> list:
+    """Run ``world_size`` ranks of ``config`` on ``network`` and ``compute``; returns each rank's
+    ``RunResult``. ``actions``: (virtual s, fn(simulator)) run at those times (faults: link
+    changes through ``simulator.network.set_link``, stragglers through ``simulator.compute_factor``).
+    Raises the first rank's error (every rank's records say how it ended)."""
+    from trainers.runner import run
+
+    if config.algorithm.name in UNSUPPORTED_ALGORITHMS:
+        raise ValueError(f"algorithm {config.algorithm.name} cannot run on sim: "
+                         f"{UNSUPPORTED_ALGORITHMS[config.algorithm.name]}")
+    if config.device != "cpu":
+        raise ValueError(f"device {config.device}: simulated ranks compute on the cpu (a compute model stands "
+                         "for the accelerator)")
+    if getattr(network, "size", world_size) != world_size:
+        raise ValueError(f"the network has {network.size} nodes, the job {world_size} ranks")
+    _raise_open_files_limit()
+    sim = Simulator(world_size, network, compute, max_time_s=max_time_s)
+    results: list = [None] * world_size
+
+    def target(rank: int) -> Callable[[], None]:
+        def body():
+            results[rank] = run(config, comm_factory=lambda: SimComm(sim, rank, config.comm.allreduce))
+        return body
+
+    previous = clock.install(SimClock(sim, time.time()))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # ranks run one at a time; one thread keeps every reduction's order fixed
+    try:
+        with shared_datasets():
+            sim.run([target(rank) for rank in range(world_size)], actions)
+    finally:
+        clock.install(previous)
+        torch.set_num_threads(threads)
+    if sim.errors:
+        rank, error = min(sim.errors.items())
+        raise RuntimeError(f"rank {rank} failed at simulated {sim.now:.3f} s: {type(error).__name__}: {error}") from error
+    return results
+
+
+def _raise_open_files_limit() -> None:
+    """Every rank keeps its records file open: 1,024 ranks need more than the usual 1,024 files."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

@@ -1,0 +1,251 @@
+"""``SimComm``: the project's one comm layer on the simulator's network and clock.
+
+Point-to-point messages are flows in the fluid network (``emulator.simnet``): a send completes
+when its last byte left, the receive when it arrived; messages between two ranks arrive in order
+and are matched to receives as MPI (and gloo) match them: by source and tag, in posting order.
+Collectives complete when the collective model (``trainers.sim.collectives``) says each rank is
+done, counted from the moment each rank entered them; their results are exact (reduced in rank
+order, so every rank gets the same bits). The base class's accounting (bytes by the textbook
+model, blocked time) is unchanged, measured on the virtual clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+from trainers.comm import (ALLREDUCE_ALGORITHMS, COMBINE, DIRECT_MAX_BYTES, Comm, Work, allreduce_bytes,
+                           tensor_nbytes)
+
+from . import collectives
+from .engine import Completion, Simulator
+
+
+@dataclass(eq=False)  # matched by identity: tensors have no truth value
+class _Message:
+    src: int
+    dst: int
+    tag: int
+    data: torch.Tensor
+    sent: Completion
+
+    def delivered(self, sim: Simulator, delivery) -> None:
+        """The network's callback: the last byte left now; it arrives at ``delivery.arrives_at``."""
+        sim.complete(self.sent)
+        sim.at(delivery.arrives_at, lambda: sim.exchange.arrive(self))
+
+
+@dataclass(eq=False)  # matched by identity: tensors have no truth value
+class _Receive:
+    tensor: torch.Tensor
+    src: Optional[int]             # None: any source in ``sources``
+    sources: Optional[frozenset]
+    tag: int
+    done: Completion
+    source: Optional[int] = None   # who it came from
+
+    def matches(self, message: _Message) -> bool:
+        if message.tag != self.tag:
+            return False
+        if self.src is not None:
+            return message.src == self.src
+        return self.sources is None or message.src in self.sources
+
+
+@dataclass(eq=False)  # matched by identity: tensors have no truth value
+class _Collective:
+    op: str
+    key: tuple
+    entered: dict = field(default_factory=dict)    # rank -> virtual s
+    inputs: dict = field(default_factory=dict)     # rank -> what it brought
+    finish: dict = field(default_factory=dict)     # rank -> (tensor(s) to write, Completion)
+
+
+class Exchange:
+    """The job's mailboxes and collectives, shared by its ranks' SimComms."""
+
+    def __init__(self, sim: Simulator):
+        self.sim = sim
+        self.arrived: list[list[_Message]] = [[] for _ in range(sim.world_size)]
+        self.posted: list[list[_Receive]] = [[] for _ in range(sim.world_size)]
+        self.collectives: dict[int, _Collective] = {}
+
+    def arrive(self, message: _Message) -> None:
+        for receive in self.posted[message.dst]:
+            if receive.matches(message):
+                self.posted[message.dst].remove(receive)
+                self._fill(receive, message)
+                return
+        self.arrived[message.dst].append(message)
+
+    def post(self, rank: int, receive: _Receive) -> None:
+        for message in self.arrived[rank]:
+            if receive.matches(message):
+                self.arrived[rank].remove(message)
+                self._fill(receive, message)
+                return
+        self.posted[rank].append(receive)
+
+    def _fill(self, receive: _Receive, message: _Message) -> None:
+        if receive.tensor.numel() != message.data.numel():
+            raise RuntimeError(f"rank {message.dst}: a receive of {receive.tensor.numel()} elements got a message "
+                               f"of {message.data.numel()} from rank {message.src}")
+        with torch.no_grad():
+            receive.tensor.view(-1).copy_(message.data.view(-1))
+        receive.source = message.src
+        self.sim.complete(receive.done)
+
+    def enter(self, seq: int, op: str, key: tuple, rank: int, payload, finish: Callable) -> Completion:
+        """Rank ``rank`` enters its ``seq``-th collective; when the last rank has entered, every
+        rank's result is computed and written at its finish time. Returns its Completion."""
+        collective = self.collectives.setdefault(seq, _Collective(op, key))
+        if (collective.op, collective.key) != (op, key):
+            raise RuntimeError(f"collective #{seq}: rank {rank} called {op}{key}, another rank {collective.op}"
+                               f"{collective.key}: every rank must call the same collectives in the same order")
+        done = Completion(what=f"{op} #{seq}")
+        collective.entered[rank] = self.sim.now
+        collective.inputs[rank] = payload
+        collective.finish[rank] = (finish, done)
+        if len(collective.entered) == self.sim.world_size:
+            del self.collectives[seq]
+            self._resolve(collective)
+        return done
+
+    def _resolve(self, collective: _Collective) -> None:
+        n = self.sim.world_size
+        entered = np.array([collective.entered[r] for r in range(n)])
+        op, key = collective.op, collective.key
+        network = self.sim.network
+        if op == "all_reduce":
+            algorithm, nbytes, reduce_op = key[0], key[1], key[2]
+            model = {"ring": collectives.ring_allreduce, "direct": collectives.direct,
+                     "recursive_doubling": collectives.recursive_doubling}[algorithm]
+            times = model(entered, network, nbytes)
+            result = collective.inputs[0].clone()
+            for r in range(1, n):  # in rank order: the same bits on every rank
+                COMBINE[reduce_op](result, collective.inputs[r])
+            if reduce_op == "avg":
+                result.div_(n)
+            results = [result] * n
+        elif op == "broadcast":
+            src, nbytes = key[0], key[1]
+            times = collectives.broadcast(entered, network, nbytes, src)
+            results = [collective.inputs[src]] * n
+        elif op == "all_gather":
+            times = collectives.ring_allgather(entered, network, key[0])
+            results = [[collective.inputs[r] for r in range(n)]] * n
+        elif op == "barrier":
+            times = collectives.direct(entered, network, 0.0)
+            results = [None] * n
+        else:
+            raise ValueError(op)
+        for rank in range(n):
+            write, done = collective.finish[rank]
+            self.sim.complete_at(float(times[rank]), done, (lambda write=write, value=results[rank]: write(value)))
+
+
+class SimComm(Comm):
+    """One rank's comm layer in a simulated job (see the module docstring)."""
+
+    def __init__(self, sim: Simulator, rank: int, allreduce: str = "auto"):
+        super().__init__(rank, sim.world_size, allreduce)
+        self.sim = sim
+        if not hasattr(sim, "exchange"):
+            sim.exchange = Exchange(sim)
+        self.exchange: Exchange = sim.exchange
+        self._collectives = 0
+
+    @property
+    def transport(self) -> str:
+        return f"sim:{self.allreduce_algorithm}"
+
+    def _handle(self, done: Completion, result=None):
+        return (lambda: (self.sim.wait(done), result)[1]), (lambda: done.done)
+
+    # -- point to point ------------------------------------------------------------------------
+
+    def _isend(self, tensor, dst, tag: int = 0):
+        if not 0 <= dst < self.world_size or dst == self.rank:
+            raise ValueError(f"rank {self.rank}: cannot send to rank {dst}")
+        sent = Completion(what=f"send to rank {dst}")
+        message = _Message(self.rank, dst, tag, tensor.detach().clone(), sent)
+        self.sim.network.start_flow(self.rank, dst, tensor_nbytes(tensor), self.sim.now, token=message)
+        return self._handle(sent)
+
+    def _irecv(self, tensor, src, tag: int = 0):
+        receive = _Receive(tensor, src, None, tag, Completion(what=f"receive from rank {src}"))
+        self.exchange.post(self.rank, receive)
+        return self._handle(receive.done, tensor)
+
+    def _irecv_any(self, tensor, sources=None):
+        receive = _Receive(tensor, None, frozenset(sources) if sources is not None else None, 0,
+                           Completion(what="receive from any rank"))
+        self.exchange.post(self.rank, receive)
+        return (lambda: (self.sim.wait(receive.done), receive.source)[1]), (lambda: receive.done.done)
+
+    # -- collectives -----------------------------------------------------------------------------
+
+    def _collective(self, op: str, key: tuple, payload, write: Callable):
+        seq = self._collectives
+        self._collectives += 1
+        return self.exchange.enter(seq, op, key, self.rank, payload, write)
+
+    def _reduce(self, tensor: torch.Tensor, op: str, algorithm: str):
+        flat = tensor.detach().reshape(-1)
+
+        def write(result):
+            with torch.no_grad():
+                tensor.view(-1).copy_(result)
+
+        done = self._collective("all_reduce", (algorithm, tensor_nbytes(tensor), op, tensor.numel()),
+                                flat.clone(), write)
+        return self._handle(done, tensor)
+
+    def _all_reduce(self, tensor, op):
+        # gloo's own all_reduce, modelled as the bandwidth-optimal ring
+        return self._reduce(tensor, op, "ring")
+
+    def allreduce_async(self, tensor: torch.Tensor, op: str = "sum", algorithm: Optional[str] = None) -> Work:
+        algorithm = self.allreduce_algorithm if algorithm is None else algorithm
+        if algorithm not in ALLREDUCE_ALGORITHMS:
+            raise ValueError(f"algorithm: {algorithm!r} is not one of {ALLREDUCE_ALGORITHMS}")
+        if op not in COMBINE:
+            raise ValueError(f"op: {op!r} is not one of {tuple(COMBINE)}")
+        if not tensor.is_contiguous():
+            raise ValueError("allreduce_async: tensor must be contiguous")
+        n = self.world_size
+        if algorithm == "gloo":
+            return self.all_reduce(tensor, op, async_op=True)
+        if algorithm == "auto":
+            algorithm = "direct" if (n - 1) * tensor_nbytes(tensor) <= DIRECT_MAX_BYTES else "ring"
+        if n == 1:
+            return self._run("all_reduce", 0, 0, True, lambda: ((lambda: tensor), (lambda: True)))
+        sent, recv = allreduce_bytes(algorithm, self.rank, n, tensor.view(-1))
+        self._launched += 1
+        return self._run("all_reduce", sent, recv, True, lambda: self._reduce(tensor, op, algorithm))
+
+    def _broadcast(self, tensor, src):
+        def write(value):
+            if self.rank != src:
+                with torch.no_grad():
+                    tensor.copy_(value)
+
+        done = self._collective("broadcast", (src, tensor_nbytes(tensor), tensor.numel()),
+                                tensor.detach().clone() if self.rank == src else None, write)
+        return self._handle(done, tensor)
+
+    def _all_gather(self, outputs, tensor):
+        def write(gathered):
+            with torch.no_grad():
+                for output, value in zip(outputs, gathered):
+                    output.copy_(value)
+
+        done = self._collective("all_gather", (tensor_nbytes(tensor), tensor.numel()), tensor.detach().clone(), write)
+        return self._handle(done)
+
+    def _barrier(self):
+        done = self._collective("barrier", (), None, lambda _: None)
+        return self._handle(done)

@@ -1,0 +1,215 @@
+"""The discrete-event engine of a simulated job: every rank a thread, one running at a time.
+
+SMPI-style: the ranks run their real code (the runner, the algorithm, the model's math), but
+never at once. The engine holds a heap of events in virtual time and a fluid network
+(``emulator.simnet.FluidNetwork``, handed in by the harness); its loop takes the earliest event
+(a rank to resume, a message to deliver, a fault to apply) or the network's next completion,
+sets the clock to it and runs it. A resumed rank runs until it spends virtual time (compute,
+sleep) or waits for something (a message, a collective), then hands control back. Ties are
+broken by the order events were made, so the same seed gives the same run, bit for bit.
+
+Virtual time is spent only where the code says so (``trainers.clock``): compute charges the
+compute model's time, waits last until what they wait for completes. Everything else (Python,
+the optimizer step, copying tensors) takes no virtual time beyond the model's per-step overhead.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+
+class SimAborted(BaseException):
+    """Raised in a rank's thread to unwind it when the simulation ends early (another rank
+    failed, or every rank waits for something that will never come)."""
+
+
+class Deadlock(RuntimeError):
+    """Every unfinished rank waits and no event is left that could wake one."""
+
+
+@dataclass
+class Completion:
+    """Something ranks can wait for: done at a virtual time, waking whoever waits."""
+
+    done: bool = False
+    at: Optional[float] = None
+    waiters: list = field(default_factory=list)
+    what: str = ""
+
+
+@dataclass(frozen=True)
+class ComputeModel:
+    """Virtual time a rank's compute takes.
+
+    Args:
+        forward_backward_s: one forward + backward (before a compute profile's ``min_compute_s``
+            padding, which still applies).
+        step_overhead_s: per step outside forward + backward (optimizer, copies).
+        forward_fraction: the share of ``forward_backward_s`` that is the forward pass; the rest
+            is spread over the backward pass's gradients in proportion to their sizes, so that
+            communication launched during backward overlaps what is left of it.
+        source: where the numbers come from (for records).
+    """
+
+    forward_backward_s: float
+    step_overhead_s: float = 0.0
+    forward_fraction: float = 1.0 / 3.0
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.forward_backward_s >= 0 or not self.step_overhead_s >= 0:
+            raise ValueError(f"compute times must be >= 0, got {self.forward_backward_s}, {self.step_overhead_s}")
+        if not 0 <= self.forward_fraction <= 1:
+            raise ValueError(f"forward_fraction must be in [0, 1], got {self.forward_fraction}")
+
+
+class Simulator:
+    """The event loop, the virtual clock and the ranks' threads (see the module docstring).
+
+    Args:
+        world_size: ranks.
+        network: the fluid network (``start_flow``, ``advance``, ``next_completion``, ``set_link``).
+        compute: the compute model.
+        max_time_s: virtual time after which the run is ended (None: no limit).
+    """
+
+    def __init__(self, world_size: int, network, compute: ComputeModel, max_time_s: Optional[float] = None):
+        self.world_size = world_size
+        self.network = network
+        self.compute = compute
+        self.compute_factor: dict[int, float] = {}  # rank -> slowdown (stragglers)
+        self.max_time_s = max_time_s
+        self.now = 0.0
+        self.events_run = 0
+        self._events: list = []
+        self._order = itertools.count()
+        self._wake = [threading.Semaphore(0) for _ in range(world_size)]
+        self._back = threading.Semaphore(0)
+        self._local = threading.local()
+        self._aborting = False
+        self._finished: set[int] = set()
+        self.errors: dict[int, BaseException] = {}
+        self.waiting_on: dict[int, str] = {}
+
+    # -- scheduling (engine side) ------------------------------------------------------------
+
+    def at(self, time_s: float, action: Callable[[], None]) -> None:
+        """Run ``action`` at virtual time ``time_s`` (not before now)."""
+        heapq.heappush(self._events, (max(time_s, self.now), next(self._order), action))
+
+    def run(self, targets: list[Callable[[], None]], actions=()) -> None:
+        """Run every rank's ``targets[rank]`` to its end; ``actions``: (virtual s, fn(simulator))."""
+        threads = [threading.Thread(target=self._rank_main, args=(rank, target), name=f"sim-rank{rank}", daemon=True)
+                   for rank, target in enumerate(targets)]
+        for time_s, action in sorted(actions, key=lambda a: a[0]):
+            self.at(time_s, lambda action=action: action(self))
+        for rank, thread in enumerate(threads):
+            thread.start()
+            self.at(0.0, lambda rank=rank: self._resume(rank))
+        try:
+            self._loop()
+        finally:
+            self._abort_all()
+            for thread in threads:
+                thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        network = self.network
+        while len(self._finished) < self.world_size:
+            if self.errors:
+                return
+            next_flow = network.next_completion()
+            next_event = self._events[0][0] if self._events else float("inf")
+            when = min(next_flow, next_event)
+            if when == float("inf"):
+                blocked = ", ".join(f"rank {r}: {w}" for r, w in sorted(self.waiting_on.items()))
+                raise Deadlock(f"at {self.now:.6f} s every unfinished rank waits and nothing can wake one ({blocked})")
+            if self.max_time_s is not None and when > self.max_time_s:
+                raise TimeoutError(f"simulated time passed max_time_s {self.max_time_s:g} s")
+            self.now = when
+            for delivery in network.advance(when):
+                delivery.token.delivered(self, delivery)
+            if self._events and self._events[0][0] <= when:
+                _, _, action = heapq.heappop(self._events)
+                self.events_run += 1
+                action()
+
+    def _resume(self, rank: int) -> None:
+        if rank in self._finished:
+            return
+        self.waiting_on.pop(rank, None)
+        self._wake[rank].release()
+        self._back.acquire()
+
+    def _abort_all(self) -> None:
+        self._aborting = True
+        for rank in range(self.world_size):
+            if rank not in self._finished:
+                self._wake[rank].release()
+                self._back.acquire(timeout=10)
+
+    # -- the ranks' side -----------------------------------------------------------------------
+
+    def _rank_main(self, rank: int, target: Callable[[], None]) -> None:
+        self._wake[rank].acquire()
+        self._local.rank = rank
+        try:
+            if not self._aborting:
+                target()
+        except SimAborted:
+            pass
+        except BaseException as error:  # noqa: BLE001 - reported by run_simulated
+            self.errors[rank] = error
+        finally:
+            self._finished.add(rank)
+            self._back.release()
+
+    @property
+    def rank(self) -> int:
+        """The rank whose thread calls this."""
+        return self._local.rank
+
+    def _yield(self) -> None:
+        """Hand control back to the engine until this rank is resumed."""
+        rank = self._local.rank
+        self._back.release()
+        self._wake[rank].acquire()
+        if self._aborting:
+            raise SimAborted(f"rank {rank}: the simulation ended")
+
+    def sleep(self, seconds: float) -> None:
+        """Spend ``seconds`` of virtual time on this rank."""
+        rank = self._local.rank
+        if seconds <= 0:
+            return
+        self.waiting_on[rank] = f"sleeping until {self.now + seconds:.6f} s"
+        self.at(self.now + seconds, lambda: self._resume(rank))
+        self._yield()
+
+    def wait(self, completion: Completion) -> None:
+        """Block this rank until ``completion`` is done."""
+        rank = self._local.rank
+        while not completion.done:
+            completion.waiters.append(rank)
+            self.waiting_on[rank] = completion.what or "a completion"
+            self._yield()
+
+    def complete(self, completion: Completion) -> None:
+        """Mark ``completion`` done now and wake its waiters (engine side, or a running rank)."""
+        completion.done = True
+        completion.at = self.now
+        waiters, completion.waiters = completion.waiters, []
+        for rank in waiters:
+            self.at(self.now, lambda rank=rank: self._resume(rank))
+
+    def complete_at(self, time_s: float, completion: Completion, then: Optional[Callable[[], None]] = None) -> None:
+        """Complete ``completion`` at ``time_s``, first running ``then`` (e.g. writing a result)."""
+        def action():
+            if then is not None:
+                then()
+            self.complete(completion)
+        self.at(time_s, action)
