@@ -510,7 +510,10 @@ def run_sim_job(job: Job, job_dir: Path, nodes: int, sim_spec: dict, timeout_s: 
             code = proc.returncode
             outcome = JobOutcome(job.job_id, "ok" if code == 0 else "failed", elapsed,
                                  "" if code == 0 else f"the simulation exited {code}: {_last_line(job_dir / SIM_LOG)}")
-        evaluator.finish()
+        code = evaluator.finish()
+        if code != 0:  # the job's records stand; its accuracy is missing, and the reason says why
+            why = "ended at its time limit" if code is None else f"exited {code}: {_last_line(job_dir / 'evaluator.log')}"
+            outcome.reason = "; ".join(filter(None, [outcome.reason, f"the evaluator {why}"]))
     except BaseException:
         stop_processes([proc])
         evaluator.stop()

@@ -32,7 +32,7 @@ from emulator.plan import make_plan
 from .auto_dilation import auto_time_dilation, measure_step_s
 from .dilation import dilated_trainer_config
 from .environment import environment
-from .jobs import run_job, run_sim_job
+from .jobs import last_records, run_job, run_sim_job
 from .paths import RUNS_ROOT
 from .results import RunFrames, load_run, summarize, write_summary
 from .scenario import AUTO_TIME_DILATION, SIM_BACKEND, Scenario, check_sim
@@ -239,6 +239,8 @@ def _run_points(scenario: Scenario, backend_cls, run_dir: Path, console, timeout
                                           stall_timeout_s=spec.stall_timeout_s and spec.stall_timeout_s * k,
                                           network=backend,
                                           faults=spec.faults, cpu_share=spec.cpu_share, stop=spec.stop)
+                final = last_records(job_dir / "eval.jsonl", kinds=("eval",)).get("eval") or {}
+                state["acc"] = final.get("accuracy", state["acc"])  # the evaluator may finish after the ranks
                 mark = "[green]ok[/]" if outcome.status == "ok" else f"[red]{outcome.status}[/] {outcome.reason}"
                 console.print(f"  {job.label} seed {job.seed}: {mark} in {outcome.wall_s:.1f}s, "
                               f"step {state['step']}, acc {state['acc']}")

@@ -288,3 +288,76 @@ def _quiet():
     from rich.console import Console
 
     return Console(file=io.StringIO(), width=200)
+
+
+# --- the real engine ---------------------------------------------------------------------------
+
+E2E = textwrap.dedent("""
+    topology:
+      name: sime2e
+      address_pool: 10.235.0.0/24
+      regions: {london: {nodes: 1}, tokyo: {nodes: 1}, oregon: {nodes: 1}}
+      links:
+        - {between: [london, tokyo], rtt: 220ms, rate: 200Mbit}
+        - {between: [london, oregon], rtt: 130ms, rate: 200Mbit}
+        - {between: [tokyo, oregon], rtt: 100ms, rate: 200Mbit}
+    backend: sim
+    workload:
+      model: {name: mlp, params: {hidden_sizes: [64]}}
+      dataset: {name: digits}
+      batch_size: 32
+      lr: 0.1
+      optimizer: {name: sgd, momentum: 0.9}
+      eval_every: 10
+    stop: {steps: 30}
+    algorithms: [{name: sync}]
+    faults:
+      - {at: 1s, kind: link_change, between: [london, tokyo], rtt: 400ms}
+      - {at: 1s, kind: straggler, node: oregon-0, factor: 4, duration: 2s}
+    sim: {compute_s: 0.004, nic: 1Gbit}
+""")
+
+
+def _steps(run_dir: Path) -> list[dict]:
+    path = next((run_dir / "jobs").glob("*/rank0.jsonl"))
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k != "time_unix"} for r in records if r["kind"] == "step"]
+
+
+@pytest.mark.slow
+def test_a_small_job_on_the_real_engine_learns_and_repeats_bit_for_bit(write_yaml, tmp_path):
+    scenario = load_scenario(write_yaml(E2E, "e2e.yaml"))
+    first = run_module.run_scenario(scenario, "sim", tmp_path / "a", console=_quiet())
+    second = run_module.run_scenario(scenario, "sim", tmp_path / "b", console=_quiet())
+    for completed in (first, second):
+        row = completed.summary.iloc[0]
+        assert (row["status"], row["backend"], row["steps"]) == ("ok", "sim", 30)
+        assert row["final_accuracy"] > 0.7
+    steps = _steps(first.run_dir)
+    assert len(steps) == 30 and steps == _steps(second.run_dir)
+    assert first.summary["final_accuracy"].iloc[0] == second.summary["final_accuracy"].iloc[0]
+    # the faults were applied on the virtual clock
+    faults = first.frames.faults
+    assert list(faults["what"]) == ["link london->tokyo change", "link tokyo->london change",
+                                    "straggler oregon-0 x4", "straggler oregon-0 ends"]
+    assert faults["ok"].all() and list(faults["time_s"]) == [1.0, 1.0, 1.0, 3.0]
+
+
+@pytest.mark.slow
+def test_a_partition_on_the_real_engine_holds_point_to_point_traffic_back(write_yaml, tmp_path):
+    """link_down / link_up reach the fluid network (the plan's link with every packet lost, then
+    the plan's link again) at their virtual times, and swarmsgd (point-to-point flows) runs through
+    them to its last step."""
+    partitioned = (E2E.replace("algorithms: [{name: sync}]", "algorithms: [{name: swarmsgd, params: {H: 2}}]")
+                   .replace("{at: 1s, kind: link_change, between: [london, tokyo], rtt: 400ms}",
+                            "{at: 0.2s, kind: link_down, between: [tokyo, oregon]}")
+                   .replace("{at: 1s, kind: straggler, node: oregon-0, factor: 4, duration: 2s}",
+                            "{at: 0.6s, kind: link_up, between: [tokyo, oregon]}"))
+    completed = run_module.run_scenario(load_scenario(write_yaml(partitioned, "p.yaml")), "sim", tmp_path / "p",
+                                        console=_quiet())
+    row = completed.summary.iloc[0]
+    assert (row["status"], row["steps"]) == ("ok", 30)
+    faults = completed.frames.faults
+    assert list(faults["what"]) == ["link tokyo->oregon down", "link oregon->tokyo down",
+                                    "link tokyo->oregon up", "link oregon->tokyo up"]
+    assert faults["ok"].all() and list(faults["time_s"]) == [0.2, 0.2, 0.6, 0.6]
