@@ -1,6 +1,7 @@
 """Fault injection: a scenario's timeline of events, applied while a job runs, each one recorded.
 
-Events (times are seconds after the job's processes start):
+Events (times are seconds after the job's processes start; on backend sim, virtual seconds after
+the simulation starts, the actions planned ahead as data: `planned_actions`):
     link_down / link_up   {between: [a, b]} or {from: a, to: b}: a partition between regions
     link_change           the same, with any of delay/rtt/rate/jitter/loss: the new values
     loss_burst            {between, loss: "30%", duration: "5s"}: loss for a while, then restored

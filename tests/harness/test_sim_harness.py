@@ -78,6 +78,12 @@ def test_what_sim_cannot_run_is_refused_before_anything_runs(write_yaml, capsys,
     command = SCENARIO.replace("algorithms: [{name: sync}, {name: local_sgd, params: {H: 2}}]", "command: [\"true\"]")
     with pytest.raises(ConfigError, match="command: backend sim runs the trainers"):
         load_scenario(write_yaml(command, "cmd.yaml"))
+    ddp = SCENARIO.replace("{name: local_sgd, params: {H: 2}}", "{name: ddp}")
+    with pytest.raises(ConfigError, match=r"algorithms\[1\].name: ddp cannot run on backend sim"):
+        load_scenario(write_yaml(ddp, "ddp.yaml"))
+    gpu = SCENARIO.replace("eval_every: 2}", "eval_every: 2, device: cuda}")
+    with pytest.raises(ConfigError, match="workload.device: cuda: simulated ranks compute on the cpu"):
+        load_scenario(write_yaml(gpu, "gpu.yaml"))
     # a tun scenario run with --backend sim: the same check, one line, exit 2, no run directory
     path = write_yaml(crash.replace("backend: sim", "backend: tun"), "crash-tun.yaml")
     assert cli.main(["run", path, "--backend", "sim", "--output", str(tmp_path / "runs")]) == cli.EXIT_BAD_INPUT
