@@ -39,6 +39,13 @@ def backend_for(name: str, plan: Plan):
     return cls(plan)
 
 
+def refuse_sim(backend: str, command: str) -> None:
+    """`up` and `verify` build a real network; sim has none (ConfigError: one line, exit 2)."""
+    if backend == "sim":
+        raise ConfigError("", f"sim has no network to bring up ({command} builds a real one): use "
+                          "'wanbench run SCENARIO --backend sim'", source="--backend")
+
+
 def load_plan(args) -> Plan:
     """Validate the file and the sweep options into a plan (no privileged step)."""
     topology = topology_of(args.file)
@@ -74,6 +81,7 @@ def _print_plan(plan: Plan, backend: str) -> None:
 
 
 def cmd_up(args) -> int:
+    refuse_sim(args.backend, "up")
     plan = load_plan(args)
     if args.dry_run:
         from emulator.backends import tc
@@ -115,7 +123,8 @@ def cmd_down(args) -> int:
 def cmd_exec(args) -> int:
     state = read_state(prefix())
     if state is None:
-        raise SystemCheckError("no network is up: run 'wanbench up TOPOLOGY' first")
+        raise SystemCheckError("no network is up: run 'wanbench up TOPOLOGY' first (backend sim builds "
+                               "none to enter: it simulates one inside 'wanbench run')")
     _, plan = state
     try:
         node = plan.node(args.node)
@@ -170,6 +179,7 @@ def _verify_table(rows: list[dict], title: str):
 def cmd_verify(args) -> int:
     from emulator.measure.verify import VerifyOptions, rate_warnings, verify
 
+    refuse_sim(args.backend, "verify")
     plan = load_plan(args)
     try:
         options = VerifyOptions(probes=args.probes, sparse_probes=args.sparse_probes,
@@ -213,7 +223,7 @@ def cmd_run(args) -> int:
         except ValueError as exc:
             raise ConfigError("", str(exc), source="--time-dilation") from None
     backend = args.backend or scenario.spec.backend
-    if read_state(prefix()) is not None:
+    if backend != "sim" and read_state(prefix()) is not None:
         raise SystemCheckError(f"a network is already up under prefix {prefix()!r}; 'wanbench down' first")
     with teardown_on_signals():
         completed = run_scenario(scenario, backend, Path(args.output) if args.output else RUNS_ROOT)
@@ -341,7 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     def network_args(p):
         p.add_argument("file", help="topology file (or a scenario file naming one)")
-        p.add_argument("--backend", choices=backends, default="auto",
+        # sim is accepted only to say why it cannot be: it has no network to bring up
+        p.add_argument("--backend", choices=backends + ["sim"], default="auto",
                        help="auto: tc where the kernel has sch_netem, else tun (default)")
         p.add_argument("--delay-scale", type=float, default=1.0, metavar="K",
                        help="multiply every inter-region delay by K (a sweep point)")
@@ -383,7 +394,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run a scenario: build, verify, train every algorithm, compare, tear down")
     p.add_argument("file", help="scenario file (scenarios/*.yaml)")
-    p.add_argument("--backend", choices=backends, default=None, help="overrides the scenario's backend")
+    p.add_argument("--backend", choices=backends + ["sim"], default=None,
+                   help="overrides the scenario's backend; sim: no network, the trainers on a virtual clock "
+                        "over a simulated one (docs/SCENARIOS.md)")
     p.add_argument("--time-dilation", default=None, metavar="K",
                    help="overrides the scenario's time_dilation: network K times slower, reported times / K; "
                         "auto: K from this machine's measured step and the compute profile")

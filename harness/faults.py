@@ -1,6 +1,7 @@
 """Fault injection: a scenario's timeline of events, applied while a job runs, each one recorded.
 
-Events (times are seconds after the job's processes start):
+Events (times are seconds after the job's processes start; on backend sim, virtual seconds after
+the simulation starts, the actions planned ahead as data: `planned_actions`):
     link_down / link_up   {between: [a, b]} or {from: a, to: b}: a partition between regions
     link_change           the same, with any of delay/rtt/rate/jitter/loss: the new values
     loss_burst            {between, loss: "30%", duration: "5s"}: loss for a while, then restored
@@ -257,9 +258,55 @@ class FaultTimeline:
                 effect, ok = action.apply(), True
             except Exception as exc:  # noqa: BLE001 - a failed injection is recorded, the run goes on
                 effect, ok = f"{type(exc).__name__}: {exc}", False
-            record = {"kind": "fault", "due_s": round(action.due_s, 3), "applied_s": round(elapsed_s, 3),
-                      "time_unix": time.time(), "what": action.what, "effect": effect, "ok": ok}
-            with open(self.record_path, "a") as handle:
-                handle.write(json.dumps(record) + "\n")
-            done.append(record)
+            done.append(write_fault_record(self.record_path, action.due_s, elapsed_s, action.what, effect, ok))
         return done
+
+
+def planned_actions(events, base_links: dict) -> list[dict]:
+    """Every action of the events' timeline, in order, as data, for a clock the harness does not
+    watch (backend sim, harness/sim_job.py): {due_s, what, effect, calls}, `calls` what the
+    action asks of the network and the nodes ({"set_link": [src, dst, LinkSpec fields, or None
+    for down]}, {"cpu_factor": [node, factor]}). Exact: an action's effect depends only on the
+    actions before it, never on the network. `base_links` as for FaultTimeline."""
+    controls = PlannedControls()
+    timeline = FaultTimeline(events, base_links, controls, controls, record_path=None)
+    out = []
+    for action in timeline._actions:
+        controls.calls = []
+        effect = action.apply()
+        out.append({"due_s": action.due_s, "what": action.what, "effect": effect, "calls": controls.calls})
+    return out
+
+
+class PlannedControls:
+    """Network and nodes for `planned_actions`: each call is noted as data, nothing changes.
+    A node_crash cannot be planned: where a clock runs without the harness (backend sim) ranks
+    never crash (harness.scenario.check_sim says so before anything runs)."""
+
+    def __init__(self):
+        self.calls: list[dict] = []
+
+    def set_link(self, src_region: str, dst_region: str, spec: Optional[LinkSpec]) -> None:
+        self.calls.append({"set_link": [src_region, dst_region, None if spec is None else dataclasses.asdict(spec)]})
+
+    def set_cpu_factor(self, node: str, factor: float) -> str:
+        self.calls.append({"cpu_factor": [node, factor]})
+        return f"compute x{factor:g}" if factor != 1.0 else "compute restored"
+
+    def crash(self, node: str) -> str:
+        raise ValueError(f"node_crash {node}: not supported where ranks cannot crash (backend sim)")
+
+    restart = crash
+
+
+def write_fault_record(path: Path, due_s: float, applied_s: float, what: str, effect: str, ok: bool,
+                       time_unix: Optional[float] = None) -> dict:
+    """Append one applied action to a job's faults.jsonl and return it. `applied_s`: seconds after
+    the job's start on the job's clock (virtual on backend sim); `time_unix`: that moment on the
+    wall clock (default now; a virtual clock's own reading on sim)."""
+    record = {"kind": "fault", "due_s": round(due_s, 3), "applied_s": round(applied_s, 3),
+              "time_unix": time.time() if time_unix is None else time_unix, "what": what, "effect": effect,
+              "ok": ok}
+    with open(path, "a") as handle:
+        handle.write(json.dumps(record) + "\n")
+    return record

@@ -41,6 +41,9 @@ WATCH_INTERVAL_S = 0.25
 EVALUATOR_FINISH_TIMEOUT_S = 600.0
 # Created when the ranks have ended: the following evaluator then evaluates what is left and exits.
 RANKS_DONE_FILE = "RANKS_DONE"
+# A sim job's input beside config.json (harness/sim_job.py) and its process's output.
+SIM_FILE = "sim.json"
+SIM_LOG = "sim.log"
 
 
 @dataclasses.dataclass
@@ -100,8 +103,7 @@ class JobProcesses:
         """Write the trainer config, make the nodes' cgroups and start every rank."""
         self.job_dir.mkdir(parents=True, exist_ok=True)
         if self.job.command is None:
-            write_json_atomic(self.job_dir / "config.json",
-                              {**self.job.trainer_config, "output_dir": str(self.job_dir)})
+            write_trainer_config(self.job, self.job_dir)
         # The kernel's OOM kills so far in each node's memory group (it lives as long as the network)
         self._oom_kills_before = {node.name: cgroups.oom_kills(self.plan.prefix, node.name)
                                   for node in self.plan.nodes}
@@ -446,15 +448,92 @@ def run_job(plan: Plan, job: Job, job_dir: Path, master_port: int, timeout_s: fl
                 if timeline.current.get((src, dst)) != spec:
                     links.set_link(src, dst, spec)  # the next job starts on the topology's links
         if outcome is not None:
-            write_json_atomic(job_dir / "job.json", {**dataclasses.asdict(outcome), "label": job.label,
-                                                     "algorithm": job.algorithm, "seed": job.seed,
-                                                     "network": dataclasses.asdict(job.network),
-                                                     "network_key": job.network.key,
-                                                     "params": job.params, "nodes": ranks.world,
-                                                     "base_label": job.base_label or job.label,
-                                                     "tuned": job.tuned, "stop_decision": decider.decision,
-                                                     "gpus": [placement.record() for placement in ranks.gpus]})
+            write_job_record(job_dir, job, outcome, ranks.world, backend=getattr(network, "name", None),
+                             stop_decision=decider.decision,
+                             gpus=[placement.record() for placement in ranks.gpus])
     return outcome
+
+
+def write_trainer_config(job: Job, job_dir: Path) -> None:
+    """config.json: what the job's ranks read (the scenario's trainer config, output_dir the job's)."""
+    write_json_atomic(job_dir / "config.json", {**job.trainer_config, "output_dir": str(job_dir)})
+
+
+def write_job_record(job_dir: Path, job: Job, outcome: JobOutcome, nodes: int, **extra) -> None:
+    """job.json: the outcome and what the results tables need of the job (harness/results.py)."""
+    write_json_atomic(job_dir / "job.json", {**dataclasses.asdict(outcome), "label": job.label,
+                                             "algorithm": job.algorithm, "seed": job.seed,
+                                             "network": dataclasses.asdict(job.network),
+                                             "network_key": job.network.key,
+                                             "params": job.params, "nodes": nodes,
+                                             "base_label": job.base_label or job.label,
+                                             "tuned": job.tuned, **extra})
+
+
+def sim_job_argv(job_dir: Path) -> list[str]:
+    """The process that runs a sim job (harness/sim_job.py)."""
+    return [sys.executable, "-m", "harness.sim_job", str(job_dir)]
+
+
+def run_sim_job(job: Job, job_dir: Path, nodes: int, sim_spec: dict, timeout_s: float, on_tick=None) -> JobOutcome:
+    """Run one job on backend sim: every rank in one process on a virtual clock
+    (`python -m harness.sim_job`, reading config.json and sim.json written here), then the
+    evaluator over its snapshots (after the simulation, never following it: a follower's stop
+    would land at a step that depends on wall-clock timing, and the run would not repeat).
+
+    Watchdog: the whole job is bounded by `timeout_s` wall-clock seconds. `on_tick(records,
+    elapsed_s)` as for run_job (rank 0's last step, wall seconds). `nodes`: the job's ranks.
+    """
+    job_dir.mkdir(parents=True, exist_ok=True)
+    write_trainer_config(job, job_dir)
+    write_json_atomic(job_dir / SIM_FILE, sim_spec)
+    evaluator = Evaluator(job_dir, follow=False)
+    outcome: Optional[JobOutcome] = None
+    proc: Optional[subprocess.Popen] = None
+    started = time.monotonic()
+    log = open(job_dir / SIM_LOG, "a")
+    try:
+        env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        proc = subprocess.Popen(sim_job_argv(job_dir), env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        while proc.poll() is None:
+            elapsed = time.monotonic() - started
+            if elapsed > timeout_s:
+                stop_processes([proc])
+                outcome = JobOutcome(job.job_id, "timeout", elapsed, f"no end after {timeout_s:.0f} s (wall clock)")
+                break
+            if on_tick:
+                on_tick(last_records(job_dir / "rank0.jsonl", kinds=("step",)), elapsed)
+            time.sleep(WATCH_INTERVAL_S)
+        elapsed = time.monotonic() - started
+        if outcome is None:
+            code = proc.returncode
+            outcome = JobOutcome(job.job_id, "ok" if code == 0 else "failed", elapsed,
+                                 "" if code == 0 else f"the simulation exited {code}: {_last_line(job_dir / SIM_LOG)}")
+        code = evaluator.finish()
+        if code != 0:  # the job's records stand; its accuracy is missing, and the reason says why
+            why = "ended at its time limit" if code is None else f"exited {code}: {_last_line(job_dir / 'evaluator.log')}"
+            outcome.reason = "; ".join(filter(None, [outcome.reason, f"the evaluator {why}"]))
+    except BaseException:
+        stop_processes([proc])
+        evaluator.stop()
+        outcome = JobOutcome(job.job_id, "interrupted", time.monotonic() - started, "interrupted")
+        raise
+    finally:
+        log.close()
+        if outcome is not None:
+            write_job_record(job_dir, job, outcome, nodes, backend="sim", stop_decision=None, gpus=[],
+                             compute=sim_spec.get("compute"))
+    return outcome
+
+
+def _last_line(path: Path) -> str:
+    """The last non-empty line of a log (a traceback's error), or ""."""
+    try:
+        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1].strip() if lines else ""
 
 
 def _counters(network) -> Optional[list[dict]]:

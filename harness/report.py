@@ -47,6 +47,7 @@ class RunInfo:
     budget_time_s: Optional[float] = None  # where accuracy_at_time_budget was read
     time_dilation: float = 1.0
     time_dilation_auto: Optional[dict] = None  # how time_dilation: auto chose K (scenario.json)
+    sim: Optional[dict] = None  # backend sim: the compute model and NIC (scenario.json's `sim`)
 
 
 @dataclass
@@ -146,10 +147,11 @@ def load_results(run_dirs: Iterable, loaded: Optional[dict] = None) -> Results:
         if (run_dir / "INTERRUPTED").is_file():
             interrupted = (run_dir / "INTERRUPTED").read_text(errors="replace").strip().splitlines()[:1]
             interrupted = interrupted[0] if interrupted else "no reason recorded"
-        auto = json.loads((run_dir / "scenario.json").read_text()).get("time_dilation_auto")
+        record = json.loads((run_dir / "scenario.json").read_text())
+        auto, sim = record.get("time_dilation_auto"), record.get("sim")
         runs.append(RunInfo(run_dir, name, frames.complete, frames.target_accuracy, environment, interrupted,
                             frames.budget_steps, frames.budget_time_s, frames.time_dilation,
-                            auto if isinstance(auto, dict) else None))
+                            auto if isinstance(auto, dict) else None, sim if isinstance(sim, dict) else None))
         summary = summarize(frames)
         axes = network_axes(run_dir)
         summary = summary.merge(axes, on="network", how="left") if len(axes) else \
@@ -394,6 +396,24 @@ def dilation_sentence(run: RunInfo) -> str:
     return f"time dilation {run.time_dilation:g}" if run.time_dilation != 1.0 else ""
 
 
+def sim_sentence(run: RunInfo) -> str:
+    """On backend sim: that the run's times are simulated, and its compute model; else ""."""
+    if run.sim is None and run.environment.get("backend") != "sim":
+        return ""
+    sim = run.sim or {}
+    computes = [f"{c.get('forward_backward_s', 0) * 1e3:.3g} ms per forward + backward"
+                + (f" + {c['step_overhead_s'] * 1e3:g} ms per step" if c.get("step_overhead_s") else "")
+                + f" ({c.get('source', '?')})" for c in sim.get("compute") or []]
+    nic = sim.get("nic_rate_bit_s")
+    text = "**times simulated**: backend sim, virtual seconds of the simulator's clock"
+    if computes:
+        text += "; compute " + "; ".join(computes)
+    text += f"; NIC {nic / 1e6:g} Mbit/s per node" if nic else "; no NIC limit (per-pair rates only)"
+    if sim.get("time_dilation_ignored") is not None:
+        text += f"; the scenario's time_dilation {sim['time_dilation_ignored']} not applied"
+    return text
+
+
 def _environment_lines(run: RunInfo) -> str:
     env = run.environment
     if not env:
@@ -453,8 +473,10 @@ def write_report(run_dirs: Iterable, out_dir, loaded: Optional[dict] = None) -> 
         mark = "complete" if run.complete else "**INCOMPLETE**"
         target = "-" if run.target_accuracy is None else f"{run.target_accuracy:g}"
         dilation = dilation_sentence(run)
+        simulated = sim_sentence(run)
         lines.append(f"- `{run.name}` ({mark}; target accuracy {target}; {budget_sentence(run)}"
-                     f"{'; ' + dilation if dilation else ''}): `{run.path}`; {_environment_lines(run)}")
+                     f"{'; ' + dilation if dilation else ''}{'; ' + simulated if simulated else ''}): "
+                     f"`{run.path}`; {_environment_lines(run)}")
     lines += ["", "## Summary", "", "What the columns mean (every column is in `summary.csv`):", ""]
     lines += [f"- `{name}`: {sentence}" for name, sentence in METRICS.items()]
     lines += [""]

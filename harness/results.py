@@ -31,7 +31,7 @@ SUMMARY_COLUMNS = [
     "bytes_sent_per_node", "bytes_per_step_per_node", "wire_bytes_per_node", "wire_overhead",
     "comm_blocked_fraction", "mean_staleness", "workers", "servers", "server_bytes_sent_per_node",
     "server_wire_bytes_per_node", "transport", "tuned", "sweep_best", "compute_s_per_step",
-    "compute_comm_ratio", "time_dilation", "workload", "data_source",
+    "compute_comm_ratio", "time_dilation", "backend", "workload", "data_source",
 ]
 
 # The columns people read first: the terminal table and the report's markdown table (every column
@@ -72,6 +72,8 @@ METRICS = {
                           "computation/communication ratio (CSV).",
     "time_dilation": "the run's time dilation K: the network ran K times slower and every time above "
                      "is divided by K (docs/TIME_DILATION.md; CSV).",
+    "backend": "what the job ran on: tun, tc or mininet (an emulated network), or sim (simulated: its "
+               "times are virtual seconds of the simulator's clock, its compute the run's compute model; CSV).",
     "workload": "a short hash of the job's trainer settings other than its algorithm, seed and comm: "
                 "the ratios against sync take the sync job with the same workload (e.g. the same "
                 "min_compute_s) where the scenario has several (CSV).",
@@ -89,6 +91,15 @@ def workload_key(config: Optional[dict]) -> str:
         return ""
     kept = {k: v for k, v in config.items() if k not in NOT_WORKLOAD_KEYS}
     return hashlib.sha1(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def _read_json(path: Path) -> dict:
+    """A JSON object file, or {} when it is missing or unreadable."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _read_config(job_dir: Path) -> Optional[dict]:
@@ -190,6 +201,7 @@ def load_run(run_dir) -> RunFrames:
     run_dir = Path(run_dir)
     scenario = json.loads((run_dir / "scenario.json").read_text())
     k = float(scenario.get("spec", {}).get("time_dilation") or 1.0)
+    run_backend = _read_json(run_dir / "environment.json").get("backend")  # jobs before job.json said it
     stop = scenario.get("spec", {}).get("stop") or {}
     target = stop.get("target_accuracy")
     jobs, steps, evals, faults = [], [], [], []
@@ -206,7 +218,8 @@ def load_run(run_dir) -> RunFrames:
         jobs.append({**base, "status": info.get("status"), "wall_s": info.get("wall_s"),
                      "reason": info.get("reason", ""), "wire": _wire_bytes_by_rank(job_dir),
                      "server_ranks": list((info.get("params") or {}).get("server_ranks") or []),
-                     "base_label": info.get("base_label") or base["label"], "tuned": info.get("tuned") or {}})
+                     "base_label": info.get("base_label") or base["label"], "tuned": info.get("tuned") or {},
+                     "backend": info.get("backend") or run_backend})
         clock = _JobClock(records={})
         for rank_file in sorted(job_dir.glob("rank*.jsonl")):
             records = read_complete_records(rank_file)
@@ -435,7 +448,7 @@ def summarize(frames: RunFrames, target_accuracy: Optional[float] = None) -> pd.
     median_blocked: list[Optional[float]] = []  # per row: median blocked time of a worker step
     for job in frames.jobs.to_dict("records"):
         row = {key: job.get(key) for key in ("network", "delay_scale", "rate", "nodes", "algorithm",
-                                                 "label", "seed", "status", "workload")}
+                                                 "label", "seed", "status", "workload", "backend")}
         ev = frames.evals[frames.evals["job_id"] == job["job_id"]] if len(frames.evals) else frames.evals
         st = frames.steps[frames.steps["job_id"] == job["job_id"]] if len(frames.steps) else frames.steps
         replica_output.append(_mean_of_replicas(ev))

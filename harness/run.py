@@ -1,12 +1,14 @@
-"""`wanbench run`: build the network, verify it, run every job's trainers in the nodes, tear down.
+"""`wanbench run`: build the network, verify it, run every job's trainers in the nodes, tear down;
+on backend sim, simulate each job over the network's plan instead (harness/sim_job.py).
 
 Layout of a run directory (results/runs/<scenario>/<run-id>/):
     scenario.json          the resolved scenario (every job's full trainer config; with
                            time_dilation: auto, the K chosen and why: time_dilation_auto)
     environment.json       versions, kernel, backend, CPU/GPU, git commit, date
-    <network-point>/verify.json
+    <network-point>/plan.json, verify.json (not on sim)
     jobs/<job-id>/config.json (the trainers' input), config.resolved.json (rank 0: defaults filled
-        in), rank<N>.jsonl, rank<N>.log, job.json (status, times)
+        in), rank<N>.jsonl, rank<N>.log, job.json (status, times); on sim, sim.json (the compute
+        model, the NIC, the fault actions) and sim.log instead of rank<N>.log, times virtual
     summary.csv            one row per job (see harness/results.py)
     COMPLETE               written last; its absence marks an incomplete run
     INTERRUPTED            written instead when a signal or an error ended the run (with why)
@@ -14,9 +16,11 @@ Layout of a run directory (results/runs/<scenario>/<run-id>/):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 from pathlib import Path
+from typing import Optional
 
 import pandas as pd
 
@@ -28,10 +32,11 @@ from emulator.plan import make_plan
 from .auto_dilation import auto_time_dilation, measure_step_s
 from .dilation import dilated_trainer_config
 from .environment import environment
-from .jobs import run_job
+from .jobs import last_records, run_job, run_sim_job
 from .paths import RUNS_ROOT
 from .results import RunFrames, load_run, summarize, write_summary
-from .scenario import AUTO_TIME_DILATION, Scenario
+from .scenario import AUTO_TIME_DILATION, SIM_BACKEND, Scenario, check_sim
+from .sim_job import SimRun, sim_faults, sim_run
 
 
 @dataclasses.dataclass
@@ -43,12 +48,15 @@ class CompletedRun:
     summary: pd.DataFrame
 
 
-def scenario_record(scenario: Scenario) -> dict:
-    """What scenario.json holds: the resolved scenario, every job, and how an auto K was chosen."""
+def scenario_record(scenario: Scenario, sim: Optional[SimRun] = None) -> dict:
+    """What scenario.json holds: the resolved scenario, every job, how an auto K was chosen, and
+    on sim the compute model (`sim`: each workload's seconds and where they came from)."""
     record = {"name": scenario.name, "source_file": scenario.source_file,
               "spec": scenario.spec.model_dump(), "jobs": [dataclasses.asdict(j) for j in scenario.jobs]}
     if scenario.time_dilation_auto is not None:
         record["time_dilation_auto"] = scenario.time_dilation_auto
+    if sim is not None:
+        record["sim"] = sim.record()
     return record
 
 
@@ -63,28 +71,62 @@ def resolve_time_dilation(scenario: Scenario, console, measure=measure_step_s) -
     return scenario
 
 
+# A sim job's default watchdog, in wall-clock seconds: its virtual budget says nothing of how long
+# the simulation takes here.
+SIM_JOB_TIMEOUT_S = 3600.0
+
+
+def prepare_sim(scenario: Scenario, console, measure=measure_step_s) -> tuple[Scenario, SimRun]:
+    """`scenario` made ready for backend sim (ConfigError first for what sim cannot run), at time
+    dilation 1 (the virtual clock has no CPU limit to hide: said when the scenario sets one), and
+    its compute model, said on the console."""
+    check_sim(scenario.spec, scenario.source_file)
+    given = scenario.time_dilation
+    if given != 1.0:
+        console.print(f"time_dilation {given}: not applied on sim (the virtual clock has no CPU limit to "
+                      "hide); a compute profile's min_compute_s still pads each step, in virtual seconds")
+        scenario = scenario.with_time_dilation(1.0)
+    with console.status("sim: the compute model (timing the workload's forward + backward where compute_s is auto)"):
+        sim = sim_run(scenario, measure)
+    sim.time_dilation_ignored = None if given == 1.0 else given
+    for compute in sim.compute.values():
+        console.print(f"sim compute: {compute['forward_backward_s'] * 1e3:.3g} ms per forward + backward "
+                      f"+ {compute['step_overhead_s'] * 1e3:g} ms per step ({compute['source']})")
+    return scenario, sim
+
+
 def run_scenario(scenario: Scenario, backend_name: str, runs_root: Path = RUNS_ROOT,
                  console=None, measure=measure_step_s) -> CompletedRun:
     """Run every job of `scenario`; its run directory is marked complete, or incomplete on error.
-    `measure`: how `time_dilation: auto` times a workload (harness/auto_dilation.py)."""
+    `measure`: how `time_dilation: auto` (and sim's `compute_s: auto`) times a workload
+    (harness/auto_dilation.py). `backend_name` "sim": no network is built, each job is simulated
+    (harness/sim_job.py)."""
     from rich.console import Console
 
     console = console or Console(stderr=True)
-    backend_cls, reason = choose_backend(backend_name)
-    if reason:
-        console.print(f"backend {reason}")
-    scenario = resolve_time_dilation(scenario, console, measure)
+    sim: Optional[SimRun] = None
+    if backend_name == SIM_BACKEND:
+        backend_cls = None
+        scenario, sim = prepare_sim(scenario, console, measure)
+    else:
+        backend_cls, reason = choose_backend(backend_name)
+        if reason:
+            console.print(f"backend {reason}")
+        scenario = resolve_time_dilation(scenario, console, measure)
     run_id = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = runs_root / scenario.name / run_id
     run_dir.mkdir(parents=True, exist_ok=False)
-    write_json_atomic(run_dir / "scenario.json", scenario_record(scenario))
-    write_json_atomic(run_dir / "environment.json", environment(backend_cls.name))
+    write_json_atomic(run_dir / "scenario.json", scenario_record(scenario, sim))
+    write_json_atomic(run_dir / "environment.json", environment(SIM_BACKEND if sim else backend_cls.name))
     stop = scenario.spec.stop
-    # watchdogs in wall-clock seconds: the scenario's are emulated, dilated by K like the network
-    timeout_s = (scenario.spec.job_timeout_s or ((stop.time_budget_s or 600) * 2 + 180)) * scenario.time_dilation
+    if sim is not None:
+        timeout_s = scenario.spec.job_timeout_s or SIM_JOB_TIMEOUT_S
+    else:
+        # watchdogs in wall-clock seconds: the scenario's are emulated, dilated by K like the network
+        timeout_s = (scenario.spec.job_timeout_s or ((stop.time_budget_s or 600) * 2 + 180)) * scenario.time_dilation
 
     try:
-        _run_points(scenario, backend_cls, run_dir, console, timeout_s)
+        _run_points(scenario, backend_cls, run_dir, console, timeout_s, sim)
     except BaseException as exc:
         # Keep what was recorded and say so: `report` flags runs without COMPLETE.
         (run_dir / "INTERRUPTED").write_text(f"{type(exc).__name__}: {exc}\n")
@@ -101,11 +143,49 @@ def run_scenario(scenario: Scenario, backend_name: str, runs_root: Path = RUNS_R
     return CompletedRun(run_dir, frames, table)
 
 
-def _run_points(scenario: Scenario, backend_cls, run_dir: Path, console, timeout_s: float) -> None:
-    """Build each network point in turn, verify it, run its jobs, tear it down."""
+@contextlib.contextmanager
+def _progress(console, job, stop, k: float, simulated: bool):
+    """A live line for one job (step, loss, accuracy, time, ETA); yields the tick run_job calls."""
     from rich.live import Live
     from rich.table import Table
 
+    state = {"step": 0, "loss": None, "acc": None, "elapsed": 0.0, "virtual": None}
+
+    def render():
+        table = Table.grid(padding=(0, 2))
+        eta = ""
+        if state["step"]:
+            rate = state["step"] / max(state["elapsed"], 1e-9)
+            left = (stop.steps - state["step"]) / rate
+            if stop.time_budget_s and not simulated:  # a sim's budget is virtual, its ETA wall clock
+                left = min(left, stop.time_budget_s - state["elapsed"])
+            eta = f"ETA {max(0.0, left):.0f}s"
+        loss = "-" if state["loss"] is None else f"{state['loss']:.3f}"
+        acc = "-" if state["acc"] is None else f"{state['acc']:.3f}"
+        virtual = [] if state["virtual"] is None else [f"virtual {state['virtual']:.1f}s"]
+        table.add_row(f"[bold]{job.label}[/] seed {job.seed}", f"step {state['step']}/{stop.steps}",
+                      f"loss {loss}", f"acc {acc}", *virtual, f"{state['elapsed']:.0f}s", eta)
+        return table
+
+    with Live(render(), console=console, refresh_per_second=4, transient=True) as live:
+        def tick(records, elapsed):
+            state["elapsed"] = elapsed / k  # emulated seconds, like the ETA's budget
+            if "step" in records:
+                state["step"] = records["step"].get("step", 0)
+                state["loss"] = records["step"].get("loss")
+                if simulated:
+                    state["virtual"] = records["step"].get("time_s")
+            if "eval" in records:
+                state["acc"] = records["eval"].get("accuracy")
+            live.update(render())
+
+        yield tick, state
+
+
+def _run_points(scenario: Scenario, backend_cls, run_dir: Path, console, timeout_s: float,
+                sim: Optional[SimRun] = None) -> None:
+    """Build each network point in turn, verify it, run its jobs, tear it down; on sim (`sim`
+    given), simulate each job over the point's plan instead."""
     spec = scenario.spec
     stop = spec.stop
     port = spec.master_port
@@ -113,16 +193,26 @@ def _run_points(scenario: Scenario, backend_cls, run_dir: Path, console, timeout
     if k != 1.0:
         console.print(f"time dilation {k:g}: the network runs {k:g}x slower than the topology, "
                       f"reported times are divided by {k:g}")
+    if sim is not None:
+        skipped = ["verify (the network is a model: nothing to measure)"] if spec.verify.enabled else []
+        skipped += ["cpu_share (compute is the model's)"] if spec.cpu_share is not None else []
+        if stop.target_accuracy is not None:
+            skipped.append("stopping at target_accuracy (jobs run their steps or time budget: the evaluator "
+                           "runs after the simulation; time_to_target is still read from its evaluations)")
+        if skipped:
+            console.print("sim: no " + "; no ".join(skipped))
     for point in scenario.network_points():
         plan = make_plan(scenario.topology_for(point), time_dilation=k)
         point_dir = run_dir / point.folder
         point_dir.mkdir()
         (point_dir / "plan.json").write_text(plan.to_json())
-        backend = backend_cls(plan)
-        console.print(f"[bold]{point.folder}[/]: {len(plan.nodes)} nodes on {backend.name}")
-        backend.up()
+        backend = backend_cls(plan) if sim is None else None
+        console.print(f"[bold]{point.folder}[/]: {len(plan.nodes)} nodes on "
+                      f"{backend.name if backend else 'sim (virtual clock, simulated network)'}")
+        if backend is not None:
+            backend.up()
         try:
-            if spec.verify.enabled:
+            if backend is not None and spec.verify.enabled:
                 # Steady-state goodput (slow start omitted, scaled with the RTT); no sparse
                 # probing here, it would add ~5 s to every network point.
                 options = VerifyOptions(probes=spec.verify.probes, sparse_probes=0,
@@ -135,42 +225,25 @@ def _run_points(scenario: Scenario, backend_cls, run_dir: Path, console, timeout
                 console.print(f"  verify: {len(rows)} pairs, worst RTT p50 error {worst:.3f} ms")
                 for line in rate_warnings(rows, options.min_rate_ratio):
                     console.print(f"  [yellow]warning:[/] {line}")
+            faults = sim_faults(scenario, plan) if sim is not None else None
             for job in [j for j in scenario.jobs if j.network == point]:
                 port = port + 1 if port < 65000 else spec.master_port  # a fresh port: no TIME_WAIT clash
-                state = {"step": 0, "loss": None, "acc": None, "elapsed": 0.0}
-
-                def render():
-                    table = Table.grid(padding=(0, 2))
-                    eta = ""
-                    if state["step"]:
-                        rate = state["step"] / max(state["elapsed"], 1e-9)
-                        left = (stop.steps - state["step"]) / rate
-                        if stop.time_budget_s:
-                            left = min(left, stop.time_budget_s - state["elapsed"])
-                        eta = f"ETA {max(0.0, left):.0f}s"
-                    loss = "-" if state["loss"] is None else f"{state['loss']:.3f}"
-                    acc = "-" if state["acc"] is None else f"{state['acc']:.3f}"
-                    table.add_row(f"[bold]{job.label}[/] seed {job.seed}", f"step {state['step']}/{stop.steps}",
-                                  f"loss {loss}", f"acc {acc}", f"{state['elapsed']:.0f}s", eta)
-                    return table
-
-                with Live(render(), console=console, refresh_per_second=4, transient=True) as live:
-                    def tick(records, elapsed):
-                        state["elapsed"] = elapsed / k  # emulated seconds, like the ETA's budget
-                        if "step" in records:
-                            state["step"] = records["step"].get("step", 0)
-                            state["loss"] = records["step"].get("loss")
-                        if "eval" in records:
-                            state["acc"] = records["eval"].get("accuracy")
-                        live.update(render())
-
-                    dilated = dataclasses.replace(job, trainer_config=dilated_trainer_config(job.trainer_config, k))
-                    outcome = run_job(plan, dilated, run_dir / "jobs" / job.job_id, port, timeout_s, tick,
-                                      stall_timeout_s=spec.stall_timeout_s and spec.stall_timeout_s * k,
-                                      network=backend,
-                                      faults=spec.faults, cpu_share=spec.cpu_share, stop=spec.stop)
+                job_dir = run_dir / "jobs" / job.job_id
+                with _progress(console, job, stop, k, simulated=sim is not None) as (tick, state):
+                    if sim is not None:
+                        outcome = run_sim_job(job, job_dir, len(plan.nodes),
+                                              sim.job_spec(job, point_dir / "plan.json", faults), timeout_s, tick)
+                    else:
+                        dilated = dataclasses.replace(job, trainer_config=dilated_trainer_config(job.trainer_config, k))
+                        outcome = run_job(plan, dilated, job_dir, port, timeout_s, tick,
+                                          stall_timeout_s=spec.stall_timeout_s and spec.stall_timeout_s * k,
+                                          network=backend,
+                                          faults=spec.faults, cpu_share=spec.cpu_share, stop=spec.stop)
+                final = last_records(job_dir / "eval.jsonl", kinds=("eval",)).get("eval") or {}
+                state["acc"] = final.get("accuracy", state["acc"])  # the evaluator may finish after the ranks
                 mark = "[green]ok[/]" if outcome.status == "ok" else f"[red]{outcome.status}[/] {outcome.reason}"
                 console.print(f"  {job.label} seed {job.seed}: {mark} in {outcome.wall_s:.1f}s, "
                               f"step {state['step']}, acc {state['acc']}")
         finally:
-            backend.down()
+            if backend is not None:
+                backend.down()

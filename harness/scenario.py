@@ -30,6 +30,9 @@ MAX_JOBS = 500
 MAX_SEEDS = 20
 # time_dilation: auto, K chosen from the measured step time and the compute profile
 AUTO_TIME_DILATION = "auto"
+# sim.compute_s: auto, the workload's forward + backward measured on this machine
+AUTO_SIM_COMPUTE = "auto"
+SIM_BACKEND = "sim"
 
 
 class AlgorithmEntry(BaseModel):
@@ -127,6 +130,46 @@ class SweepAxes(BaseModel):
         return values
 
 
+class SimSettings(BaseModel):
+    """`backend: sim`: what the simulator charges for compute, and each node's NIC.
+
+    compute_s: virtual seconds of one forward + backward ("auto": measured on this machine for
+        one rank alone, harness/auto_dilation.py's measurement; a number makes runs repeatable
+        bit for bit). A compute profile's min_compute_s padding still applies on top.
+    overhead_s: virtual seconds per step outside forward + backward.
+    nic: each node's NIC rate ("10Gbit"), shared max-min by its flows; None: per-pair rates only.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    compute_s: Union[float, Literal["auto"]] = AUTO_SIM_COMPUTE
+    overhead_s: float = Field(0.0, ge=0, le=3600)
+    nic: Optional[str] = None
+
+    @field_validator("compute_s", mode="before")
+    @classmethod
+    def _compute_s(cls, value):
+        if value == AUTO_SIM_COMPUTE:
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 3600:
+            raise ValueError(f"must be seconds of one forward + backward, greater than 0 and at most 3600, "
+                             f"or {AUTO_SIM_COMPUTE} (measured on this machine), got {value!r}")
+        return float(value)
+
+    @field_validator("nic")
+    @classmethod
+    def _nic(cls, value):
+        if value is not None:
+            try:
+                parse_rate_bit_s(value)
+            except UnitError as exc:
+                raise ValueError(str(exc)) from None
+        return value
+
+    @property
+    def nic_rate_bit_s(self) -> Optional[float]:
+        return None if self.nic is None else parse_rate_bit_s(self.nic)
+
+
 class ScenarioFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -134,7 +177,8 @@ class ScenarioFile(BaseModel):
     description: str = ""
     topology: str | dict
     nodes: Optional[dict[str, int]] = None
-    backend: Literal["auto", "tun", "tc", "mininet"] = "auto"
+    # sim: no network is built; the trainers run on a virtual clock (harness/sim_job.py), set by `sim:`
+    backend: Literal["auto", "tun", "tc", "mininet", "sim"] = "auto"
     workload: dict = {}
     stop: StopRule = StopRule()
     algorithms: list[AlgorithmEntry] = Field([], max_length=50)
@@ -161,6 +205,8 @@ class ScenarioFile(BaseModel):
     # The accelerator the job stands for (profiles/NAME.yaml or a file): forward + backward padded
     # to its step time, in emulated seconds (harness/dilation.py)
     compute_profile: Optional[str] = None
+    # backend sim only: the compute model and the NICs of the simulated network
+    sim: SimSettings = SimSettings()
 
     @field_validator("time_dilation", mode="before")
     @classmethod
@@ -393,6 +439,32 @@ def _check_faults(source: str, spec: ScenarioFile, topology: Topology) -> None:
                 raise ConfigError(f"{where}.file", str(exc), source=source) from None
 
 
+def check_sim(spec: ScenarioFile, source: str) -> None:
+    """What backend sim cannot run, as a ConfigError naming the file and field (before anything
+    runs): crashed nodes (simulated ranks never crash), a command of the user's own (the
+    simulator runs the trainers, not a program), an algorithm whose communication bypasses the
+    comm layer (trainers.sim.UNSUPPORTED_ALGORITHMS) and a GPU device."""
+    from trainers.sim import UNSUPPORTED_ALGORITHMS  # here, not at the top: it imports torch
+
+    for index, entry in enumerate(spec.algorithms):
+        if entry.name in UNSUPPORTED_ALGORITHMS:
+            raise ConfigError(f"algorithms[{index}].name", f"{entry.name} cannot run on backend sim: "
+                              f"{UNSUPPORTED_ALGORITHMS[entry.name]}", source=source)
+    for index, entry in enumerate(spec.algorithms):
+        device = _merged(spec.workload, entry.workload).get("device", "cpu")
+        if device != "cpu":
+            where = f"algorithms[{index}].workload.device" if "device" in entry.workload else "workload.device"
+            raise ConfigError(where, f"{device}: simulated ranks compute on the cpu (sim.compute_s or a "
+                              "compute profile stands for the accelerator)", source=source)
+    for index, event in enumerate(spec.faults):
+        if event.kind == "node_crash":
+            raise ConfigError(f"faults[{index}].kind", "node_crash is not supported on backend sim (simulated "
+                              "ranks never crash): remove it, or run on tun", source=source)
+    if spec.command is not None:
+        raise ConfigError("command", "backend sim runs the trainers on a virtual clock, not a command of your "
+                          "own: give algorithms, or run on tun", source=source)
+
+
 def scenario_from_dict(data: dict, source: str) -> Scenario:
     """Validate a parsed scenario document and expand it into jobs; ConfigError on any mistake."""
     try:
@@ -403,6 +475,8 @@ def scenario_from_dict(data: dict, source: str) -> Scenario:
     name = spec.name or Path(source).stem
 
     _check_faults(source, spec, topology)
+    if spec.backend == SIM_BACKEND:
+        check_sim(spec, source)
     if spec.time_dilation == AUTO_TIME_DILATION:
         _check_auto_dilation(spec, source)
     profile = load_profile(spec.compute_profile, source) if spec.compute_profile else None

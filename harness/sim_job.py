@@ -1,0 +1,187 @@
+"""One job on backend sim: `python -m harness.sim_job JOB_DIR` runs all of its ranks in this
+process on a virtual clock (trainers.sim) over a fluid model of the point's network
+(emulator.simnet).
+
+The harness (harness/jobs.py `run_sim_job`) writes, before starting it:
+    JOB_DIR/config.json   the trainer config, as for a job on tun (output_dir: JOB_DIR)
+    JOB_DIR/sim.json      {plan: the point's plan.json, seed, nic_rate_bit_s, compute: {forward_backward_s,
+                          step_overhead_s, source}, faults: harness.faults.planned_actions(...)}
+and the ranks write what they write on tun (rank<N>.jsonl, snapshots/, config.resolved.json),
+with every time in virtual seconds. Fault actions (link changes, stragglers) are applied at
+their virtual times and appended to JOB_DIR/faults.jsonl as on tun. The harness evaluates the
+snapshots afterwards (trainers.evaluate), outside this process.
+
+Also here: what the harness decides before a sim run (`SimRun`: the compute model of each
+workload, measured or given; the NIC) and writes into scenario.json and each job's sim.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import resource
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Callable, Optional
+
+from emulator.linkspec import LinkSpec
+from emulator.plan import Plan
+
+from .auto_dilation import StepMeasurement, measure_step_s, rank_threads, step_time_key
+from .faults import planned_actions, write_fault_record
+from .jobs import SIM_FILE
+from .scenario import AUTO_SIM_COMPUTE, Job, Scenario
+
+
+# --- harness side: decided once per run, before any job ---------------------------------------
+
+
+@dataclasses.dataclass
+class SimRun:
+    """What a sim run charges for compute, per workload, and the network's NICs.
+
+    Args:
+        compute: step_time_key(trainer config) -> {forward_backward_s, step_overhead_s, source}.
+        nic_rate_bit_s: each node's NIC, or None (per-pair rates only).
+        time_dilation_ignored: the scenario's time_dilation, not applied on sim (None when 1).
+    """
+
+    compute: dict
+    nic_rate_bit_s: Optional[float]
+    time_dilation_ignored: Optional[float | str] = None
+
+    def job_compute(self, job: Job) -> dict:
+        return self.compute[step_time_key(job.trainer_config)]
+
+    def job_spec(self, job: Job, plan_path: Path, faults: list[dict]) -> dict:
+        """A job's sim.json: the plan, the seed, the compute model, the NIC, the fault actions."""
+        return {"plan": str(plan_path), "seed": job.seed, "nic_rate_bit_s": self.nic_rate_bit_s,
+                "compute": self.job_compute(job), "faults": faults}
+
+    def record(self) -> dict:
+        """scenario.json's `sim`."""
+        return {"compute": list(self.compute.values()), "nic_rate_bit_s": self.nic_rate_bit_s,
+                "time_dilation_ignored": self.time_dilation_ignored}
+
+
+def sim_run(scenario: Scenario,
+            measure: Callable[[dict, int], StepMeasurement] = measure_step_s) -> SimRun:
+    """The compute model of each distinct workload of `scenario` (sim.compute_s, or with "auto"
+    its forward + backward measured here once, for one rank alone with the threads a rank of the
+    job would get: no contention scaling, the simulator runs ranks one after another) and the NIC."""
+    settings = scenario.spec.sim
+    compute = {}
+    ranks = max(sum(scenario.topology_for(point).regions.values()) for point in scenario.network_points())
+    for job in scenario.jobs:
+        key = step_time_key(job.trainer_config)
+        if key in compute:
+            continue
+        if settings.compute_s == AUTO_SIM_COMPUTE:
+            m = measure(job.trainer_config, rank_threads(ranks))
+            seconds = m.step_s
+            source = (f"measured here: {m.workload}: {m.step_s * 1e3:.3g} ms per forward + backward "
+                      f"({m.device}, {m.threads} thread(s), median of {len(m.samples) or '?'}, one rank alone)")
+        else:
+            seconds = settings.compute_s
+            source = f"{scenario.source_file}: sim.compute_s"
+        compute[key] = {"forward_backward_s": seconds, "step_overhead_s": settings.overhead_s, "source": source}
+    return SimRun(compute, settings.nic_rate_bit_s)
+
+
+def sim_faults(scenario: Scenario, plan: Plan) -> list[dict]:
+    """The scenario's link and straggler faults as actions on the virtual clock (data)."""
+    return planned_actions(scenario.spec.faults, plan.emulated_region_links()) if scenario.spec.faults else []
+
+
+# --- the job's process -------------------------------------------------------------------------
+
+
+def load_engine() -> SimpleNamespace:
+    """The simulator: trainers.sim (ComputeModel, run_simulated), emulator.simnet.FluidNetwork, and
+    the trainers' clock's wall time (virtual while the simulation runs: its start's wall time plus
+    virtual time, as in the records' time_unix)."""
+    from emulator.simnet import FluidNetwork
+    from trainers.clock import wall_time
+    from trainers.sim import ComputeModel, run_simulated
+
+    return SimpleNamespace(FluidNetwork=FluidNetwork, ComputeModel=ComputeModel, run_simulated=run_simulated,
+                           wall_time=wall_time)
+
+
+def raise_open_files_limit() -> None:
+    """Soft RLIMIT_NOFILE up to the hard one: every simulated rank holds its records file open."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+class _SimLinks:
+    """The timeline's link calls on the simulator's network: None (down) becomes the plan's link
+    with every packet lost (the fluid network stalls its flows), a spec is applied as it is."""
+
+    def __init__(self, plan: Plan):
+        self.base = plan.emulated_region_links()
+        self.network = None
+
+    def set_link(self, src_region: str, dst_region: str, spec: Optional[dict]) -> None:
+        down = dataclasses.replace(self.base[(src_region, dst_region)], loss_fraction=1.0)
+        self.network.set_link(src_region, dst_region, down if spec is None else LinkSpec(**spec))
+
+
+def fault_actions(planned: list[dict], plan: Plan, record_path: Path,
+                  wall_time: Callable[[], float]) -> list[tuple[float, Callable]]:
+    """`planned` (harness.faults.planned_actions) as (virtual time, action(simulator)) for
+    run_simulated; each applied action is appended to `record_path` as on tun, with `wall_time()`
+    (the virtual clock's reading, like the records' time_unix) as its time_unix."""
+    links = _SimLinks(plan)
+    ranks = {node.name: node.rank for node in plan.nodes}
+    by_time: dict[float, list[dict]] = {}
+    for action in planned:
+        by_time.setdefault(action["due_s"], []).append(action)
+
+    def run(simulator, due_s: float, actions: list[dict]) -> None:
+        links.network = simulator.network
+        for action in actions:
+            try:
+                for call in action["calls"]:
+                    if "set_link" in call:
+                        links.set_link(*call["set_link"])
+                    else:
+                        node, factor = call["cpu_factor"]
+                        simulator.compute_factor[ranks[node]] = factor
+                effect, ok = action["effect"], True
+            except Exception as exc:  # noqa: BLE001 - a failed injection is recorded, the run goes on
+                effect, ok = f"{type(exc).__name__}: {exc}", False
+            write_fault_record(record_path, action["due_s"], due_s, action["what"], effect, ok, wall_time())
+
+    return [(due_s, lambda simulator, t=due_s, a=actions: run(simulator, t, a))
+            for due_s, actions in sorted(by_time.items())]
+
+
+def main(argv: Optional[list[str]] = None, engine: Optional[SimpleNamespace] = None) -> int:
+    """Run the job in JOB_DIR; `engine` stands in for the simulator (tests)."""
+    parser = argparse.ArgumentParser(prog="python -m harness.sim_job", description=__doc__.splitlines()[0])
+    parser.add_argument("job_dir", type=Path)
+    args = parser.parse_args(argv)
+    raise_open_files_limit()
+    engine = engine or load_engine()
+    from trainers.loading import load_config
+
+    job_dir: Path = args.job_dir
+    spec = json.loads((job_dir / SIM_FILE).read_text())
+    plan = Plan.from_json(Path(spec["plan"]).read_text())
+    config = load_config(job_dir / "config.json")
+    network = engine.FluidNetwork.from_plan(plan, nic_rate_bit_s=spec.get("nic_rate_bit_s"), seed=spec["seed"])
+    compute = engine.ComputeModel(**spec["compute"])
+    actions = fault_actions(spec.get("faults") or [], plan, job_dir / "faults.jsonl", engine.wall_time)
+    results = engine.run_simulated(config, len(plan.nodes), network, compute, actions)
+    stops = sorted({r.stop_reason for r in results})
+    print(f"sim: {len(results)} ranks, rank 0 took {results[0].steps if results else 0} steps "
+          f"({', '.join(stops) or 'no rank ran'})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
