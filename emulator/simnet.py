@@ -273,8 +273,8 @@ class FluidNetwork:
         return done
 
     def _deliver(self, flow: Flow) -> Delivery:
-        delay = self.latency_s[flow.src, flow.dst]
-        jitter = self.jitter_s[flow.src, flow.dst]
+        delay = float(self.latency_s[flow.src, flow.dst])
+        jitter = float(self.jitter_s[flow.src, flow.dst])
         if jitter > 0:
             delay = max(0.0, delay + float(self._rng.uniform(-jitter, jitter)))
         key = (flow.src, flow.dst)

@@ -138,3 +138,20 @@ def test_sync_on_sim_equals_sync_on_real_gloo_ranks(tmp_path, spawn_ranks):
         assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
     assert [r["loss"] for r in records(real, 0, "step")] == pytest.approx(
         [r["loss"] for r in records(tmp_path / "sim", 0, "step")], abs=1e-6)
+
+
+def test_a_collective_on_a_down_path_waits_for_the_link_to_come_back():
+    from emulator.linkspec import LinkSpec
+
+    def body(sim, comm, log):
+        tensor = torch.full((4,), float(comm.rank + 1))
+        comm.allreduce_async(tensor, "sum", algorithm="ring").wait()
+        log.append((comm.rank, sim.now, tensor[0].item()))
+
+    down = LinkSpec(one_way_delay_ms=50, rate_bit_s=1e9, loss_fraction=1.0)
+    sim = Simulator(2, network(2, 0.05, 1e12), ComputeModel(0.0))
+    log = []
+    sim.run([lambda r=r: body(sim, SimComm(sim, r), log) for r in range(2)],
+            actions=[(0.0, lambda s: s.network.set_link("r0", "r1", down)),
+                     (1.0, lambda s: s.network.set_link("r0", "r1", None))])
+    assert sorted(log) == [(0, pytest.approx(1.1), 3.0), (1, pytest.approx(1.1), 3.0)]  # 2 ring steps after 1 s

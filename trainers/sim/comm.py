@@ -72,6 +72,8 @@ class Exchange:
         self.arrived: list[list[_Message]] = [[] for _ in range(sim.world_size)]
         self.posted: list[list[_Receive]] = [[] for _ in range(sim.world_size)]
         self.collectives: dict[int, _Collective] = {}
+        self.stalled: list[_Collective] = []  # resolved while a path it needs was down
+        sim.on_network_change.append(self.retry_stalled)
 
     def arrive(self, message: _Message) -> None:
         for receive in self.posted[message.dst]:
@@ -114,6 +116,15 @@ class Exchange:
             self._resolve(collective)
         return done
 
+    def retry_stalled(self) -> None:
+        """After a link change: the collectives that could not finish on a down path start over
+        from now (their ranks' entry times moved to now: what was sent before the path went down
+        is counted again, a conservative model of TCP resuming after a partition)."""
+        stalled, self.stalled = self.stalled, []
+        for collective in stalled:
+            collective.entered = {rank: max(t, self.sim.now) for rank, t in collective.entered.items()}
+            self._resolve(collective)
+
     def _resolve(self, collective: _Collective) -> None:
         n = self.sim.world_size
         entered = np.array([collective.entered[r] for r in range(n)])
@@ -142,6 +153,9 @@ class Exchange:
             results = [None] * n
         else:
             raise ValueError(op)
+        if not np.isfinite(times).all():  # a path it needs is down: wait for a link change
+            self.stalled.append(collective)
+            return
         for rank in range(n):
             write, done = collective.finish[rank]
             self.sim.complete_at(float(times[rank]), done, (lambda write=write, value=results[rank]: write(value)))

@@ -94,6 +94,7 @@ class Simulator:
         self._finished: set[int] = set()
         self.errors: dict[int, BaseException] = {}
         self.waiting_on: dict[int, str] = {}
+        self.on_network_change: list[Callable[[], None]] = []  # called after every timed action
 
     # -- scheduling (engine side) ------------------------------------------------------------
 
@@ -106,7 +107,7 @@ class Simulator:
         threads = [threading.Thread(target=self._rank_main, args=(rank, target), name=f"sim-rank{rank}", daemon=True)
                    for rank, target in enumerate(targets)]
         for time_s, action in sorted(actions, key=lambda a: a[0]):
-            self.at(time_s, lambda action=action: action(self))
+            self.at(time_s, lambda action=action: self._apply(action))
         for rank, thread in enumerate(threads):
             thread.start()
             self.at(0.0, lambda rank=rank: self._resume(rank))
@@ -130,13 +131,19 @@ class Simulator:
                 raise Deadlock(f"at {self.now:.6f} s every unfinished rank waits and nothing can wake one ({blocked})")
             if self.max_time_s is not None and when > self.max_time_s:
                 raise TimeoutError(f"simulated time passed max_time_s {self.max_time_s:g} s")
-            self.now = when
+            self.now = float(when)  # never a numpy scalar: times end up in records and snapshots
             for delivery in network.advance(when):
                 delivery.token.delivered(self, delivery)
             if self._events and self._events[0][0] <= when:
                 _, _, action = heapq.heappop(self._events)
                 self.events_run += 1
                 action()
+
+    def _apply(self, action: Callable) -> None:
+        """A timed action (a fault); afterwards whatever waited on a path that was down retries."""
+        action(self)
+        for retry in list(self.on_network_change):
+            retry()
 
     def _resume(self, rank: int) -> None:
         if rank in self._finished:
