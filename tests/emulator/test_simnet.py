@@ -18,6 +18,9 @@ def network(n=3, latency_s=0.05, rate_bytes=125e6, nic=None, window=1e12, jitter
                         loss=np.zeros((n, n)), tcp_window=window, nic=nic, region_of=tuple(f"r{i}" for i in range(n)))
 
 
+# (the fluid's own tests call start_flow directly: slow start is added by the caller, trainers.sim)
+
+
 def run_until_idle(net, until=100.0):
     deliveries = []
     while net.in_flight():
@@ -111,3 +114,22 @@ def test_from_plan_takes_the_topology_matrix():
     assert rtt[ranks["oregon-0"], ranks["ohio-0"]] == pytest.approx(0.0681)
     assert net.rate[0, 1] == pytest.approx(1e9 / 8)
     assert net.nic == pytest.approx(10e9 / 8)
+
+
+def test_slow_start_and_pacing_of_a_message_on_an_idle_connection():
+    net = network(n=2, latency_s=0.10785, rate_bytes=125e6)   # london-tokyo: 215.7 ms RTT, 1 Gbit/s
+    rtt = 0.2157
+    # one segment leaves at once; 14 (the digits MLP's 19 KB) are paced from the initial window,
+    # 2 x 10 segments per RTT: 13 / 20 RTT later (measured on tun: 0.154 s)
+    assert net.slow_start_s(0, 1, 1000, 0.0)[0] == pytest.approx(0.0)
+    net.slow_start_s(1, 0, 14 * 1448, 0.0)            # a fresh connection: 2 flights, its window grows
+    # the steady state of a digits MLP's sync: a step later (idle > RTT, < RTO), only the pacing
+    assert net.slow_start_s(1, 0, 14 * 1448, 0.66)[0] == pytest.approx(13 / 20 * rtt)
+    # 100 segments from a window of 10: ceil(log2(100 / 10 + 1)) = 4 flights, 3 round trips more,
+    # and the first window paced
+    net = network(n=2, latency_s=0.10785, rate_bytes=125e6)
+    assert net.slow_start_s(0, 1, 100 * 1448, 0.0)[0] == pytest.approx(3 * rtt + 19 / 20 * rtt)
+    # right after, the window is open and the connection busy: no extra time
+    assert net.slow_start_s(0, 1, 100 * 1448, 0.1)[0] == pytest.approx(0.0)
+    # idle for longer than RTT + 200 ms: back to the initial window
+    assert net.slow_start_s(0, 1, 100 * 1448, 10.0)[0] == pytest.approx(3 * rtt + 19 / 20 * rtt)

@@ -20,7 +20,8 @@ def network(n, latency_s=0.05, rate_bytes=125e6):
     lat = np.full((n, n), latency_s)
     np.fill_diagonal(lat, 0.0)
     return FluidNetwork(latency_s=lat, rate=np.full((n, n), rate_bytes), jitter_s=np.zeros((n, n)),
-                        loss=np.zeros((n, n)), tcp_window=1e12, region_of=tuple(f"r{i}" for i in range(n)))
+                        loss=np.zeros((n, n)), tcp_window=1e12, region_of=tuple(f"r{i}" for i in range(n)),
+                        tcp=False)  # the fluid and the rendezvous alone (TCP's own terms: test_simnet)
 
 
 def simulate(n, body, net=None):
@@ -31,9 +32,13 @@ def simulate(n, body, net=None):
     return log
 
 
-def test_a_message_arrives_after_its_bytes_and_one_way_delay():
+@pytest.mark.parametrize("receive_early_s, starts_at", [(0.0, 0.05), (0.5, 0.5)])
+def test_a_message_moves_once_the_receiver_is_ready_then_takes_bytes_over_rate_and_a_delay(receive_early_s, starts_at):
+    # gloo's rendezvous: the receiver's "ready" notice needs one delay to reach the sender, so with
+    # both posted at once the data leaves one delay late; a receive posted long before costs nothing
     def body(sim, comm, log):
         if comm.rank == 0:
+            sim.sleep(receive_early_s)
             comm.isend(torch.full((250_000,), 7.0), 1).wait()   # 1 MB at 1 MB/s
             log.append(("sent", sim.now))
         else:
@@ -42,8 +47,8 @@ def test_a_message_arrives_after_its_bytes_and_one_way_delay():
             log.append(("received", sim.now, tensor[0].item()))
 
     log = dict((entry[0], entry[1:]) for entry in simulate(2, body, network(2, 0.05, 1 * MB)))
-    assert log["sent"][0] == pytest.approx(1.0)
-    assert log["received"] == (pytest.approx(1.05), 7.0)
+    assert log["sent"][0] == pytest.approx(starts_at + 1.0)
+    assert log["received"] == (pytest.approx(starts_at + 1.05), 7.0)
 
 
 def test_messages_match_receives_by_source_in_order():
@@ -72,8 +77,10 @@ def test_an_all_reduce_ends_one_delay_after_the_last_rank_entered():
         log.append((comm.rank, sim.now, tensor[0].item()))
 
     log = sorted(simulate(3, body, network(3, 0.05, 1e12)))
-    # direct exchange: a rank is done when every other rank's tensor has arrived
-    assert [t for _, t, _ in log] == pytest.approx([0.25, 0.25, 0.2])
+    # direct exchange: a rank is done when every other rank's tensor has arrived, and each tensor
+    # leaves once its sender entered and heard that the receiver did (one delay): rank 2 entered
+    # last, so rank 0's tensor leaves at 0.2 + 0.05 and reaches it at 0.3
+    assert [t for _, t, _ in log] == pytest.approx([0.25, 0.25, 0.3])
     assert {v for _, _, v in log} == {6.0}
 
 
@@ -94,10 +101,9 @@ def test_sync_step_is_compute_plus_the_exchange(tmp_path):
     run_simulated(cfg, 2, network(2, 0.05, 125e6), ComputeModel(0.010, 0.002))
     steps = records(tmp_path / "sync", 0, "step")
     nbytes = 4 * sum(p.numel() for p in torch.nn.Linear(64, 32).parameters()) + 4 * (32 * 10 + 10)
-    exchange = 0.05 + nbytes / 125e6
-    # every step: forward + backward, the one all-reduce (the direct exchange: one delay), overhead.
-    # Rank 1 starts a delay later (rank 0's start-up broadcast), so the ranks take turns waiting a
-    # whole round trip and not at all: the mean per step is what the closed form says.
+    exchange = 2 * 0.05 + nbytes / 125e6
+    # every step: forward + backward, the one all-reduce (the direct exchange: the receiver's
+    # "ready" notice one way, the tensor the other: a round trip), overhead
     per_step = (steps[-1]["time_s"] - steps[1]["time_s"]) / (len(steps) - 2)
     assert per_step == pytest.approx(0.010 + exchange + 0.002, rel=1e-3)
     # one bucket: launched when the whole backward is done, so all of the exchange is waited for
@@ -154,4 +160,5 @@ def test_a_collective_on_a_down_path_waits_for_the_link_to_come_back():
     sim.run([lambda r=r: body(sim, SimComm(sim, r), log) for r in range(2)],
             actions=[(0.0, lambda s: s.network.set_link("r0", "r1", down)),
                      (1.0, lambda s: s.network.set_link("r0", "r1", None))])
-    assert sorted(log) == [(0, pytest.approx(1.1), 3.0), (1, pytest.approx(1.1), 3.0)]  # 2 ring steps after 1 s
+    # from the link's return at 1 s: 2 ring steps, each a notice one way and the chunk the other
+    assert sorted(log) == [(0, pytest.approx(1.2), 3.0), (1, pytest.approx(1.2), 3.0)]

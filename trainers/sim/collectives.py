@@ -2,6 +2,10 @@
 network's per-pair one-way delay ``lat[src, dst]`` (s) and single-flow rate ``rate[src, dst]``
 (bytes/s), following the message pattern of the comm layer's own algorithms (trainers/comm.py).
 
+Every message moves as gloo's transport moves it (see ``trainers.sim.comm.Exchange``): once the
+sender has both posted it and heard that the receiver posted its receive, i.e. from
+``max(sender ready, receiver ready + delay(receiver -> sender))``, then one delay and its bytes.
+
 Each model walks the algorithm's steps with vectors over ranks (a step of rank r can start when r
 finished its previous one and its peer's message of this step has arrived), so its cost is
 O(steps x ranks) numpy work, not one event per message: a ring all-reduce over 1,024 ranks is
@@ -23,15 +27,18 @@ def _ring(entered: np.ndarray, network, chunk_bytes: float, steps: int) -> np.nd
     lat, rate, _ = _rates(network)
     n = len(entered)
     ranks = np.arange(n)
-    left = (ranks - 1) % n
+    left, right = (ranks - 1) % n, (ranks + 1) % n
     with np.errstate(divide="ignore"):
         send_in = chunk_bytes / rate[left, ranks]        # left neighbour -> me
-        send_out = chunk_bytes / rate[ranks, (ranks + 1) % n]
-    lat_in = lat[left, ranks]
+        send_out = chunk_bytes / rate[ranks, right]
+    lat_in, back_from_right = lat[left, ranks], lat[right, ranks]
     done = entered.astype(float).copy()
     for _ in range(steps):
-        arrived = done[left] + lat_in + send_in
-        done = np.maximum(done + send_out, arrived)
+        # my send to the right starts once I am ready and have heard the right is
+        start = np.maximum(done, done[right] + back_from_right)
+        start = start + network.slow_start_s(ranks, right, chunk_bytes, start)
+        arrived = start[left] + lat_in + send_in
+        done = np.maximum(start + send_out, arrived)
     return done
 
 
@@ -60,9 +67,13 @@ def direct(entered: np.ndarray, network, nbytes: float) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         transfer = np.where(nbytes > 0, nbytes / share, 0.0)
     np.fill_diagonal(transfer, 0.0)
-    arrive = entered[:, None] + lat + transfer          # [src, dst]
+    start = np.maximum(entered[:, None], entered[None, :] + lat.T)   # [src, dst]: dst's notice reached src
+    src, dst = np.nonzero(~np.eye(n, dtype=bool))
+    start[src, dst] += network.slow_start_s(src, dst, nbytes, start[src, dst])
+    arrive = start + lat + transfer
     np.fill_diagonal(arrive, -np.inf)
-    sent = entered + transfer.max(axis=1)
+    np.fill_diagonal(start, -np.inf)
+    sent = (start + transfer).max(axis=1)
     return np.maximum(np.maximum(entered, sent), arrive.max(axis=0))
 
 
@@ -78,17 +89,21 @@ def recursive_doubling(entered: np.ndarray, network, nbytes: float) -> np.ndarra
         cost = lat + nbytes / rate
     power = 1 << (n.bit_length() - 1)
     extra = n - power
+    def message(src_ready, dst_ready, src, dst):
+        start = np.maximum(src_ready, dst_ready + lat[dst, src])
+        return start + network.slow_start_s(src, dst, nbytes, start) + cost[src, dst]
+
     for r in range(power, n):  # fold: r sends to r - power
-        done[r - power] = max(done[r - power], done[r] + cost[r, r - power])
+        done[r - power] = max(done[r - power], float(message(done[r], done[r - power], r, r - power)))
     distance = 1
     while distance < power:
         ranks = np.arange(power)
         partner = ranks ^ distance
-        arrived = done[partner] + cost[partner, ranks]
+        arrived = message(done[partner], done[:power], partner, ranks)
         done[:power] = np.maximum(done[:power], arrived)
         distance <<= 1
     for r in range(power, power + extra):  # the result back to the folded ranks
-        done[r] = max(done[r], done[r - power] + cost[r - power, r])
+        done[r] = max(done[r], float(message(done[r - power], done[r], r - power, r)))
     return done
 
 
@@ -104,7 +119,10 @@ def broadcast(entered: np.ndarray, network, nbytes: float, src: int) -> np.ndarr
     with np.errstate(divide="ignore", invalid="ignore"):
         transfer = np.where(nbytes > 0, nbytes / share, 0.0)
     transfer[src] = 0.0
-    arrive = entered[src] + lat[src] + transfer
+    start = np.maximum(entered[src], entered + lat[:, src])
+    others = np.arange(n) != src
+    start[others] += network.slow_start_s(np.full(n - 1, src), np.arange(n)[others], nbytes, start[others])
+    arrive = start + lat[src] + transfer
     done = np.maximum(entered, arrive)
-    done[src] = entered[src] + transfer.max()
+    done[src] = max(entered[src], float((start + transfer)[others].max()))
     return done

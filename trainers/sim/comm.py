@@ -1,8 +1,9 @@
 """``SimComm``: the project's one comm layer on the simulator's network and clock.
 
-Point-to-point messages are flows in the fluid network (``emulator.simnet``): a send completes
-when its last byte left, the receive when it arrived; messages between two ranks arrive in order
-and are matched to receives as MPI (and gloo) match them: by source and tag, in posting order.
+Point-to-point messages are flows in the fluid network (``emulator.simnet``), started as gloo's
+transport starts them (once the receiver has said it is ready: :class:`Exchange`): a send
+completes when its last byte left, the receive when it arrived; messages are matched to receives
+by source and tag, in posting order.
 Collectives complete when the collective model (``trainers.sim.collectives``) says each rank is
 done, counted from the moment each rank entered them; their results are exact (reduced in rank
 order, so every rank gets the same bits). The base class's accounting (bytes by the textbook
@@ -31,11 +32,14 @@ class _Message:
     tag: int
     data: torch.Tensor
     sent: Completion
+    posted_at: float
+    matched: bool = False
+    receive: Optional["_Receive"] = None
 
     def delivered(self, sim: Simulator, delivery) -> None:
         """The network's callback: the last byte left now; it arrives at ``delivery.arrives_at``."""
         sim.complete(self.sent)
-        sim.at(delivery.arrives_at, lambda: sim.exchange.arrive(self))
+        sim.at(delivery.arrives_at, lambda: sim.exchange.fill(self.receive, self))
 
 
 @dataclass(eq=False)  # matched by identity: tensors have no truth value
@@ -45,6 +49,7 @@ class _Receive:
     sources: Optional[frozenset]
     tag: int
     done: Completion
+    posted_at: float
     source: Optional[int] = None   # who it came from
 
     def matches(self, message: _Message) -> bool:
@@ -65,36 +70,84 @@ class _Collective:
 
 
 class Exchange:
-    """The job's mailboxes and collectives, shared by its ranks' SimComms."""
+    """The job's point-to-point matching and collectives, shared by its ranks' SimComms.
+
+    Point to point follows gloo's transport (``gloo/transport/tcp/pair.cc``): posting a receive
+    sends the sender a "ready to receive" notice, posting a send a "ready to send" one, and the
+    data moves only once the sender knows the receiver is ready. A message whose receive is
+    posted at ``t_r`` and send at ``t_s`` therefore starts at ``max(t_s, t_r + delay(dst->src))``;
+    a receive from any source learns of a sender from its notice (``t_s + delay(src->dst)``) and
+    answers it, so the data starts one round trip after the notice left. Sends and receives
+    between one pair with one tag are matched in the order they were posted.
+    """
 
     def __init__(self, sim: Simulator):
         self.sim = sim
-        self.arrived: list[list[_Message]] = [[] for _ in range(sim.world_size)]
-        self.posted: list[list[_Receive]] = [[] for _ in range(sim.world_size)]
+        self.sends: dict[tuple, list[_Message]] = {}          # (src, dst, tag) -> unmatched, in order
+        self.receives: dict[tuple, list[_Receive]] = {}       # (src, dst, tag) -> unmatched, in order
+        self.any_receives: list[list[_Receive]] = [[] for _ in range(sim.world_size)]
+        self.noticed: list[list[_Message]] = [[] for _ in range(sim.world_size)]  # notices at dst, in arrival order
         self.collectives: dict[int, _Collective] = {}
         self.stalled: list[_Collective] = []  # resolved while a path it needs was down
         sim.on_network_change.append(self.retry_stalled)
 
-    def arrive(self, message: _Message) -> None:
-        for receive in self.posted[message.dst]:
+    def _delay(self, src: int, dst: int) -> float:
+        return float(self.sim.network.latency_s[src, dst])
+
+    def send(self, message: _Message) -> None:
+        key = (message.src, message.dst, message.tag)
+        waiting = self.receives.get(key)
+        if waiting:
+            receive = waiting.pop(0)
+            self._start(message, receive, max(message.posted_at, receive.posted_at + self._delay(message.dst, message.src)))
+            return
+        self.sends.setdefault(key, []).append(message)
+        # its "ready to send" notice, which a receive from any source answers
+        self.sim.at(message.posted_at + self._delay(message.src, message.dst), lambda: self._noticed(message))
+
+    def _noticed(self, message: _Message) -> None:
+        if message.matched:
+            return
+        for receive in self.any_receives[message.dst]:
             if receive.matches(message):
-                self.posted[message.dst].remove(receive)
-                self._fill(receive, message)
+                self.any_receives[message.dst].remove(receive)
+                self._match_any(message, receive)
                 return
-        self.arrived[message.dst].append(message)
+        self.noticed[message.dst].append(message)
 
     def post(self, rank: int, receive: _Receive) -> None:
-        for message in self.arrived[rank]:
-            if receive.matches(message):
-                self.arrived[rank].remove(message)
-                self._fill(receive, message)
+        if receive.src is not None:
+            key = (receive.src, rank, receive.tag)
+            queued = self.sends.get(key)
+            if queued:
+                message = queued.pop(0)
+                self._start(message, receive, max(message.posted_at, receive.posted_at + self._delay(rank, message.src)))
                 return
-        self.posted[rank].append(receive)
+            self.receives.setdefault(key, []).append(receive)
+            return
+        for message in self.noticed[rank]:
+            if not message.matched and receive.matches(message):
+                self.noticed[rank].remove(message)
+                self._match_any(message, receive)
+                return
+        self.any_receives[rank].append(receive)
 
-    def _fill(self, receive: _Receive, message: _Message) -> None:
+    def _match_any(self, message: _Message, receive: _Receive) -> None:
+        """Now (the later of the notice's arrival and the receive's posting) the receiver answers."""
+        self.sends[(message.src, message.dst, message.tag)].remove(message)
+        self._start(message, receive, self.sim.now + self._delay(message.dst, message.src))
+
+    def _start(self, message: _Message, receive: _Receive, at: float) -> None:
+        message.matched, message.receive = True, receive
         if receive.tensor.numel() != message.data.numel():
-            raise RuntimeError(f"rank {message.dst}: a receive of {receive.tensor.numel()} elements got a message "
-                               f"of {message.data.numel()} from rank {message.src}")
+            raise RuntimeError(f"rank {message.dst}: a receive of {receive.tensor.numel()} elements matched a "
+                               f"message of {message.data.numel()} from rank {message.src}")
+        size = message.data.numel() * message.data.element_size()
+        at += float(self.sim.network.slow_start_s(message.src, message.dst, size, at)[0])
+        self.sim.at(at, lambda: self.sim.network.start_flow(message.src, message.dst, size, self.sim.now,
+                                                            token=message))
+
+    def fill(self, receive: _Receive, message: _Message) -> None:
         with torch.no_grad():
             receive.tensor.view(-1).copy_(message.data.view(-1))
         receive.source = message.src
@@ -190,20 +243,19 @@ class SimComm(Comm):
             raise ValueError(f"rank {self.rank}: cannot send to rank {dst}")
         self.sim.settle()
         sent = Completion(what=f"send to rank {dst}")
-        message = _Message(self.rank, dst, tag, tensor.detach().clone(), sent)
-        self.sim.network.start_flow(self.rank, dst, tensor_nbytes(tensor), self.sim.now, token=message)
+        self.exchange.send(_Message(self.rank, dst, tag, tensor.detach().clone(), sent, self.sim.now))
         return self._handle(sent)
 
     def _irecv(self, tensor, src, tag: int = 0):
         self.sim.settle()
-        receive = _Receive(tensor, src, None, tag, Completion(what=f"receive from rank {src}"))
+        receive = _Receive(tensor, src, None, tag, Completion(what=f"receive from rank {src}"), self.sim.now)
         self.exchange.post(self.rank, receive)
         return self._handle(receive.done, tensor)
 
     def _irecv_any(self, tensor, sources=None):
         self.sim.settle()
         receive = _Receive(tensor, None, frozenset(sources) if sources is not None else None, 0,
-                           Completion(what="receive from any rank"))
+                           Completion(what="receive from any rank"), self.sim.now)
         self.exchange.post(self.rank, receive)
         return (lambda: (self.sim.wait(receive.done), receive.source)[1]), (lambda: self._poll(receive.done))
 
