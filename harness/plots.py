@@ -402,6 +402,32 @@ def speedup_vs_latency(summary: pd.DataFrame, *, title: str = "Speedup over sync
     return _finish(figure, [time_ax, rate_ax], title)
 
 
+def speedup_vs_nodes(summary: pd.DataFrame, *, title: str = "Speedup over sync vs node count") -> Figure:
+    """SwarmSGD's scale plot: speedup over sync (time to target, and steps/s) against the number
+    of nodes (log 2 axis), one line per non-sync label, mean over seeds with min-max bars; the
+    dashed line at 1 is sync at the same node count."""
+    figure, (time_ax, rate_ax) = _new_figure(2)
+    styles = _styles(summary)
+    sync_labels = [label for label in _label_order(summary) if
+                   (summary.loc[summary["label"] == label, "algorithm"] == "sync").all()]
+    points = 0
+    for ax, column, name in ((time_ax, "speedup_vs_sync", "time-to-target speedup over sync (×)"),
+                             (rate_ax, "throughput_speedup_vs_sync", "throughput speedup over sync (×, steps/s)")):
+        points = max(points, _plot_series(ax, summary, "nodes", column, styles, skip_labels=sync_labels))
+        ax.axhline(1.0, color=color_for("sync"), linestyle="--", linewidth=1.2, label="sync (= 1)", gid=REFERENCE_GID)
+        ax.set_xlabel("nodes (count)")
+        ax.set_ylabel(name)
+        if points > 1:
+            ax.set_xscale("log", base=2)
+            _plain_log_ticks(ax.xaxis)
+        if not _has(summary, column):
+            why = "no run reached the target accuracy" if column == "speedup_vs_sync" else "no sync reference"
+            _note(ax, f"no data: {why}", "center")
+    time_ax.set_title("Time to target accuracy")
+    rate_ax.set_title("Training throughput")
+    return _finish(figure, [time_ax, rate_ax], title)
+
+
 # --- throughput against bandwidth (P3) --------------------------------------------------------------
 
 

@@ -312,7 +312,7 @@ def _comparison_figures(results: Results) -> tuple[dict, dict]:
     made, skipped = {}, {}
     if not len(table):
         reason = "no complete run with a job that ended ok"
-        return made, {name: reason for name in ("speedup_vs_latency", "throughput_vs_bandwidth",
+        return made, {name: reason for name in ("speedup_vs_latency", "speedup_vs_nodes", "throughput_vs_bandwidth",
                                                 "accuracy_vs_bytes", "async_vs_sync")}
 
     def has(column):
@@ -322,6 +322,10 @@ def _comparison_figures(results: Results) -> tuple[dict, dict]:
         made["speedup_vs_latency"] = ("Speedup over sync vs latency", plots.speedup_vs_latency(table))
     else:
         skipped["speedup_vs_latency"] = "no speedup against a sync job at the same network point and seed"
+    if (has("speedup_vs_sync") or has("throughput_speedup_vs_sync")) and table["nodes"].nunique() > 1:
+        made["speedup_vs_nodes"] = ("Speedup over sync vs node count", plots.speedup_vs_nodes(table))
+    else:
+        skipped["speedup_vs_nodes"] = "the node count was not swept (one node count in the compared runs)"
     rates = table["rate_bit_s"].nunique() if has("rate_bit_s") else table["rate"].nunique()
     if has("steps_per_s") and rates > 1:
         made["throughput_vs_bandwidth"] = ("Throughput vs bandwidth", plots.throughput_vs_bandwidth(table))
