@@ -59,7 +59,6 @@ workload:
   lr: 0.1
   optimizer: {{name: sgd, momentum: 0.9}}
   eval_every: 5
-  threads_per_rank: 1
 stop:
   steps: {steps}
   target_accuracy: {target}
@@ -108,13 +107,15 @@ def relative_error(sim, tun):
     return float(sim) / float(tun) - 1.0
 
 
-def case(per_region: int, steps: int, target: float, topology: Path, algorithms: str) -> list[dict]:
+def case(per_region: int, steps: int, target: float, topology: Path, algorithms: str,
+         tun_dir: Path | None = None) -> list[dict]:
     nodes = 4 * per_region
     name = f"calibration-{nodes}"
     common = dict(nodes=nodes, per_region=per_region, steps=steps, target=target, topology=topology.resolve(),
                   algorithms=algorithms)
     started = time.monotonic()
-    tun_dir = run_scenario(SCENARIO.format(name=name, backend="tun", sim="", **common), name, "tun")
+    if tun_dir is None:
+        tun_dir = run_scenario(SCENARIO.format(name=name, backend="tun", sim="", **common), name, "tun")
     tun_wall = time.monotonic() - started
     model = compute_model(tun_dir)
     sim_section = f"sim: {{compute_s: {model['compute_s']:.6f}, overhead_s: {model['overhead_s']:.6f}}}"
@@ -152,6 +153,9 @@ def _main(argv=None) -> int:
     parser.add_argument("--target", type=float, default=0.8, help="target accuracy for time to target")
     parser.add_argument("--algorithms", default=None, help="comma-separated names (default: all six)")
     parser.add_argument("--topology", type=Path, default=REPO / "topologies" / "aws-4region.yaml")
+    parser.add_argument("--tun-runs", default=None,
+                        help="comma-separated run directories of earlier tun halves, one per node count, to "
+                             "simulate again without re-running tun")
     args = parser.parse_args(argv)
     algorithms = ALGORITHMS
     if args.algorithms:
@@ -161,8 +165,11 @@ def _main(argv=None) -> int:
     env = environment("tun+sim", prefix=os.environ.get("WANBENCH_PREFIX", "wanb"), argv=sys.argv)
     print("# sim calibration", json.dumps(env), flush=True)
     rows = []
-    for per_region in [int(v) for v in args.nodes_per_region.split(",")]:
-        for row in case(per_region, args.steps, args.target, args.topology, algorithms):
+    counts = [int(v) for v in args.nodes_per_region.split(",")]
+    tun_runs = [Path(p).resolve() for p in args.tun_runs.split(",")] if args.tun_runs else []
+    tun_runs += [None] * (len(counts) - len(tun_runs))  # the node counts without one run tun now
+    for per_region, tun_run in zip(counts, tun_runs):
+        for row in case(per_region, args.steps, args.target, args.topology, algorithms, tun_run):
             rows.append(row)
             print(f"nodes {row['nodes']:3d} {row['label']:<22} compute {row['compute_s'] * 1e3:6.2f} ms "
                   f"(+{row['overhead_s'] * 1e3:5.2f})  "

@@ -301,7 +301,10 @@ class FluidNetwork:
                 for flow in self._flows.values():
                     flow.remaining -= flow.rate * dt
                 self._now = step_to
-            finished = [f for f in self._flows.values() if f.remaining <= max(1e-9 * f.size, 1e-6)]
+            # done: no byte left to speak of, or too few for the clock to tell (a flow on a fast
+            # path whose last bytes would take less than a float's resolution of the time)
+            finished = [f for f in self._flows.values() if f.remaining <= max(1e-9 * f.size, 1e-6)
+                        or (f.rate > 0 and self._now + f.remaining / f.rate <= self._now)]
             if not finished:
                 break
             for flow in sorted(finished, key=lambda f: f.flow_id):
