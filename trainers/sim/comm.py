@@ -254,7 +254,8 @@ class SimComm(Comm):
 
     def _irecv_any(self, tensor, sources=None):
         self.sim.settle()
-        receive = _Receive(tensor, None, frozenset(sources) if sources is not None else None, 0,
+        # like TorchComm (gloo's irecv from any source), not elastic: from any rank, ``sources`` or not
+        receive = _Receive(tensor, None, None, 0,
                            Completion(what="receive from any rank"), self.sim.now)
         self.exchange.post(self.rank, receive)
         return (lambda: (self.sim.wait(receive.done), receive.source)[1]), (lambda: self._poll(receive.done))
