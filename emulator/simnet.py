@@ -15,8 +15,8 @@ Each flow is also capped by what one TCP connection can do on its path: a window
 plan's TCP buffer per round trip, and with loss the Mathis et al. response function
 ``MSS / RTT x 1.22 / sqrt(p)``. Each ordered pair is one long-lived connection with a congestion
 window: a message needs as many round trips of slow start as its segments take from the window
-it finds (:meth:`FluidNetwork.slow_start_s`), and a connection idle for longer than its RTO
-(RTT + 200 ms) starts again from the initial window of 10 segments, as Linux does by default
+it finds (:meth:`FluidNetwork.slow_start_s`), and a connection's window halves for every RTO
+(RTT + 200 ms) it was idle, down to the initial 10 segments, as Linux's tcp_cwnd_restart does
 (net.ipv4.tcp_slow_start_after_idle = 1, which the emulated nodes keep). Queues are not
 modelled: delay is the link's, never a standing queue's.
 
@@ -218,7 +218,7 @@ class FluidNetwork:
         """Extra seconds slow start adds to messages of ``size`` bytes that ``src`` starts sending
         to ``dst`` at ``start`` (arrays, or numbers), and the connections' windows after them.
 
-        A connection idle for more than its RTO restarts from the initial window. A message of S
+        A connection's window halves per RTO of idleness, down to the initial one. A message of S
         segments sent from window W needs k = ceil(log2(S / W + 1)) flights (slow start doubles
         the window each round trip), i.e. k - 1 round trips more than one flight, counted only
         until the window covers the path's bandwidth-delay product (from then the rate limits).
@@ -230,7 +230,10 @@ class FluidNetwork:
         rtt = self.latency_s[src, dst] + self.latency_s[dst, src]
         cwnd = self._cwnd[src, dst]
         idle = start - self._last_send[src, dst]
-        cwnd = np.where(idle > rtt + RTO_MIN_S, np.minimum(cwnd, INITIAL_WINDOW_SEGMENTS), cwnd)
+        # tcp_cwnd_restart: the window halves for every RTO the connection was idle, down to 10
+        rto = rtt + RTO_MIN_S
+        halvings = np.floor(np.clip(idle / rto, 0.0, 60.0))
+        cwnd = np.where(halvings >= 1, np.maximum(INITIAL_WINDOW_SEGMENTS, cwnd / 2.0 ** halvings), cwnd)
         bdp = np.maximum(1.0, np.ceil(self.rate[src, dst] * rtt / MSS_BYTES))
         segments = np.minimum(np.maximum(1.0, np.ceil(size / MSS_BYTES)), bdp)
         flights = np.maximum(1.0, np.ceil(np.log2(segments / cwnd + 1.0)))

@@ -131,5 +131,9 @@ def test_slow_start_and_pacing_of_a_message_on_an_idle_connection():
     assert net.slow_start_s(0, 1, 100 * 1448, 0.0)[0] == pytest.approx(3 * rtt + 19 / 20 * rtt)
     # right after, the window is open and the connection busy: no extra time
     assert net.slow_start_s(0, 1, 100 * 1448, 0.1)[0] == pytest.approx(0.0)
-    # idle for longer than RTT + 200 ms: back to the initial window
+    # idle for many RTOs (RTT + 200 ms each): the window halved back to the initial one
     assert net.slow_start_s(0, 1, 100 * 1448, 10.0)[0] == pytest.approx(3 * rtt + 19 / 20 * rtt)
+    # idle for one RTO only: the window (160 after 4 flights from 10) halves to 80, still
+    # enough for 14 segments: only the pacing
+    net.slow_start_s(0, 1, 100 * 1448, 20.0)
+    assert net.slow_start_s(0, 1, 14 * 1448, 20.0 + 3 * rtt + 19 / 20 * rtt + 0.5)[0] == pytest.approx(13 / 20 * rtt)
