@@ -4,8 +4,8 @@ For each node count (aws-4region with N nodes per region), one scenario (the qui
 workload: an MLP on digits, a fixed step budget, evaluated every few steps) with sync, local SGD,
 DTS, SwarmSGD, async PS and DiLoCo runs first through the emulated WAN (`wanbench run --backend
 tun`), then on the simulator (`--backend sim`) with the compute model taken from the tun run's
-own records: the median forward + backward (``compute_unpadded_s``) and the median rest of a
-step outside communication (``compute_s - compute_unpadded_s``) over every rank's steps. The
+own records: the mean forward + backward (``compute_unpadded_s``) and the mean rest of a step
+outside communication (``compute_s - compute_unpadded_s``) over every rank's steps. The
 network model is the same plan. Per job it prints tun's and sim's steps/s, time to the target
 accuracy and bytes sent per step per node, and the relative error of each (sim / tun - 1), then
 the median and worst absolute error. Writes a CSV under results/bench/. Needs root (tun).
@@ -82,7 +82,7 @@ def run_scenario(text: str, name: str, backend: str) -> Path:
 
 
 def compute_model(run_dir: Path) -> dict:
-    """The median forward + backward and the median rest of a step, over every rank's steps
+    """The mean forward + backward and the mean rest of a step, over every rank's steps
     (the first two steps of each rank left out: warm-up)."""
     forward_backward, rest = [], []
     for path in sorted(run_dir.glob("**/rank*.jsonl")):
@@ -92,7 +92,9 @@ def compute_model(run_dir: Path) -> dict:
                 forward_backward.append(record["compute_unpadded_s"])
                 if record.get("compute_s") is not None:
                     rest.append(max(0.0, record["compute_s"] - record["compute_unpadded_s"]))
-    return {"compute_s": statistics.median(forward_backward), "overhead_s": statistics.median(rest) if rest else 0.0,
+    # means, not medians: the ranks share 2 cores on tun, and a step waits for its slowest rank, so
+    # the tail of the compute times is part of what tun's steps cost
+    return {"compute_s": statistics.fmean(forward_backward), "overhead_s": statistics.fmean(rest) if rest else 0.0,
             "samples": len(forward_backward)}
 
 
