@@ -159,17 +159,19 @@ def test_empty_inputs_give_a_labelled_figure_with_a_note():
 
 def test_speedup_vs_nodes():
     rows = []
-    for nodes, swarm_speedup in ((4, 1.2), (16, 1.6), (64, 2.5)):
+    for nodes, swarm_speedup in ((4, 1.2), (16, 1.6), (64, 2.5), (256, None)):
         rows.append({"label": "sync", "algorithm": "sync", "seed": 0, "nodes": nodes,
                      "speedup_vs_sync": 1.0, "throughput_speedup_vs_sync": 1.0})
         rows.append({"label": "swarmsgd", "algorithm": "swarmsgd", "seed": 0, "nodes": nodes,
-                     "speedup_vs_sync": swarm_speedup, "throughput_speedup_vs_sync": 2 * swarm_speedup})
+                     "speedup_vs_sync": swarm_speedup, "throughput_speedup_vs_sync": 2 * (swarm_speedup or 1.5)})
     figure = plots.speedup_vs_nodes(pd.DataFrame(rows))
     check_figure(figure)
     time_ax, rate_ax = figure.axes
     for ax in (time_ax, rate_ax):
         assert ax.get_xlabel() == "nodes (count)" and ax.get_xscale() == "log"
-        (line,) = data_lines(ax)  # swarmsgd; sync is the reference line at 1
-        assert list(line.get_xdata()) == [4, 16, 64]
+    # swarmsgd (sync is the reference line at 1); at 256 nodes it never reached the target
+    assert list(data_lines(time_ax)[0].get_xdata()) == [4, 16, 64]
     assert list(data_lines(time_ax)[0].get_ydata()) == pytest.approx([1.2, 1.6, 2.5])
-    assert list(data_lines(rate_ax)[0].get_ydata()) == pytest.approx([2.4, 3.2, 5.0])
+    assert list(data_lines(rate_ax)[0].get_xdata()) == [4, 16, 64, 256]
+    assert list(data_lines(rate_ax)[0].get_ydata()) == pytest.approx([2.4, 3.2, 5.0, 3.0])
+    assert "target not reached at 256 nodes" in notes(figure)
