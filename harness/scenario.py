@@ -80,6 +80,15 @@ class VerifySettings(BaseModel):
     duration_s: float = Field(3.0, gt=0, le=600)
 
 
+def _check_rate(value: Optional[str]) -> None:
+    """A rate like "100Mbit" (None passes), as a pydantic validator's ValueError."""
+    if value is not None:
+        try:
+            parse_rate_bit_s(value)
+        except UnitError as exc:
+            raise ValueError(str(exc)) from None
+
+
 class SweepAxes(BaseModel):
     model_config = ConfigDict(extra="forbid")
     delay_scale: list[float] = Field([1.0], min_length=1, max_length=50)
@@ -114,11 +123,7 @@ class SweepAxes(BaseModel):
     @classmethod
     def _rate(cls, values):
         for v in values:
-            if v is not None:
-                try:
-                    parse_rate_bit_s(v)
-                except UnitError as exc:
-                    raise ValueError(str(exc)) from None
+            _check_rate(v)
         return values
 
     @field_validator("nodes_per_region")
@@ -158,11 +163,7 @@ class SimSettings(BaseModel):
     @field_validator("nic")
     @classmethod
     def _nic(cls, value):
-        if value is not None:
-            try:
-                parse_rate_bit_s(value)
-            except UnitError as exc:
-                raise ValueError(str(exc)) from None
+        _check_rate(value)
         return value
 
     @property
