@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import resource
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -110,13 +109,6 @@ def load_engine() -> SimpleNamespace:
                            wall_time=wall_time)
 
 
-def raise_open_files_limit() -> None:
-    """Soft RLIMIT_NOFILE up to the hard one: every simulated rank holds its records file open."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
 class _SimLinks:
     """The timeline's link calls on the simulator's network: None (down) becomes the plan's link
     with every packet lost (the fluid network stalls its flows), a spec is applied as it is."""
@@ -165,8 +157,7 @@ def main(argv: Optional[list[str]] = None, engine: Optional[SimpleNamespace] = N
     parser = argparse.ArgumentParser(prog="python -m harness.sim_job", description=__doc__.splitlines()[0])
     parser.add_argument("job_dir", type=Path)
     args = parser.parse_args(argv)
-    raise_open_files_limit()
-    engine = engine or load_engine()
+    engine = engine or load_engine()  # run_simulated raises the open-files limit itself
     from trainers.loading import load_config
 
     job_dir: Path = args.job_dir

@@ -136,5 +136,6 @@ def run_simulated(config: Config, world_size: int, network, compute: ComputeMode
 def _raise_open_files_limit() -> None:
     """Every rank keeps its records file open: 1,024 ranks need more than the usual 1,024 files."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    target = 1 << 20 if hard == resource.RLIM_INFINITY else hard  # Linux's fs.nr_open default
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
