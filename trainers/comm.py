@@ -271,18 +271,10 @@ class Comm(ABC):
                 auto (direct while (n-1) x bytes <= DIRECT_MAX_BYTES, else ring) | None (this
                 comm's ``allreduce_algorithm``).
         """
-        algorithm = self.allreduce_algorithm if algorithm is None else algorithm
-        if algorithm not in ALLREDUCE_ALGORITHMS:
-            raise ValueError(f"algorithm: {algorithm!r} is not one of {ALLREDUCE_ALGORITHMS}")
-        if op not in COMBINE:
-            raise ValueError(f"op: {op!r} is not one of {tuple(COMBINE)}")
+        algorithm = self._allreduce_algorithm_for(tensor, op, algorithm)
         if algorithm == "gloo":
             return self.all_reduce(tensor, op, async_op=True)
-        if not tensor.is_contiguous():
-            raise ValueError("allreduce_async: tensor must be contiguous")
         n = self.world_size
-        if algorithm == "auto":
-            algorithm = "direct" if (n - 1) * tensor_nbytes(tensor) <= DIRECT_MAX_BYTES else "ring"
         if n == 1:
             return self._run("all_reduce", 0, 0, True, lambda: ((lambda: tensor), (lambda: True)))
         flat = tensor.view(-1)
@@ -301,6 +293,23 @@ class Comm(ABC):
             return (lambda: (future.result(), tensor)[1]), future.done
 
         return self._run("all_reduce", sent, recv, True, launch)
+
+    def _allreduce_algorithm_for(self, tensor: torch.Tensor, op: ReduceOp,
+                                 algorithm: Optional[AllReduceAlgorithm]) -> str:
+        """The all-reduce :meth:`allreduce_async` runs for ``tensor``: the one named, else this
+        comm's; ``auto`` resolved by size (see :data:`DIRECT_MAX_BYTES`). Checks the arguments."""
+        algorithm = self.allreduce_algorithm if algorithm is None else algorithm
+        if algorithm not in ALLREDUCE_ALGORITHMS:
+            raise ValueError(f"algorithm: {algorithm!r} is not one of {ALLREDUCE_ALGORITHMS}")
+        if op not in COMBINE:
+            raise ValueError(f"op: {op!r} is not one of {tuple(COMBINE)}")
+        if algorithm == "gloo":
+            return algorithm
+        if not tensor.is_contiguous():
+            raise ValueError("allreduce_async: tensor must be contiguous")
+        if algorithm == "auto":
+            return "direct" if (self.world_size - 1) * tensor_nbytes(tensor) <= DIRECT_MAX_BYTES else "ring"
+        return algorithm
 
     # -- the background all-reduce algorithms (on the background thread; not accounted here) ------
 

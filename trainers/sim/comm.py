@@ -18,8 +18,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from trainers.comm import (ALLREDUCE_ALGORITHMS, COMBINE, DIRECT_MAX_BYTES, Comm, Work, allreduce_bytes,
-                           tensor_nbytes)
+from trainers.comm import COMBINE, Comm, Work, allreduce_bytes, tensor_nbytes
 
 from . import collectives
 from .engine import Completion, Simulator
@@ -284,18 +283,12 @@ class SimComm(Comm):
         return self._reduce(tensor, op, "ring")
 
     def allreduce_async(self, tensor: torch.Tensor, op: str = "sum", algorithm: Optional[str] = None) -> Work:
-        algorithm = self.allreduce_algorithm if algorithm is None else algorithm
-        if algorithm not in ALLREDUCE_ALGORITHMS:
-            raise ValueError(f"algorithm: {algorithm!r} is not one of {ALLREDUCE_ALGORITHMS}")
-        if op not in COMBINE:
-            raise ValueError(f"op: {op!r} is not one of {tuple(COMBINE)}")
-        if not tensor.is_contiguous():
-            raise ValueError("allreduce_async: tensor must be contiguous")
-        n = self.world_size
+        """As :meth:`Comm.allreduce_async`, the same algorithm chosen, its time from the collective
+        model instead of background threads."""
+        algorithm = self._allreduce_algorithm_for(tensor, op, algorithm)
         if algorithm == "gloo":
             return self.all_reduce(tensor, op, async_op=True)
-        if algorithm == "auto":
-            algorithm = "direct" if (n - 1) * tensor_nbytes(tensor) <= DIRECT_MAX_BYTES else "ring"
+        n = self.world_size
         if n == 1:
             return self._run("all_reduce", 0, 0, True, lambda: ((lambda: tensor), (lambda: True)))
         sent, recv = allreduce_bytes(algorithm, self.rank, n, tensor.view(-1))
