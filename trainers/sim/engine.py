@@ -84,7 +84,6 @@ class Simulator:
         self.compute_factor: dict[int, float] = {}  # rank -> slowdown (stragglers)
         self.max_time_s = max_time_s
         self.now = 0.0
-        self.events_run = 0
         self._events: list = []
         self._order = itertools.count()
         self._wake = [threading.Semaphore(0) for _ in range(world_size)]
@@ -136,7 +135,6 @@ class Simulator:
                 delivery.token.delivered(self, delivery)
             if self._events and self._events[0][0] <= when:
                 _, _, action = heapq.heappop(self._events)
-                self.events_run += 1
                 action()
 
     def _apply(self, action: Callable) -> None:
