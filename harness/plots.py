@@ -183,8 +183,10 @@ def _plot_series(ax, frame: pd.DataFrame, x: str, y: str, styles: dict, *, skip_
                     marker=style["marker"], markersize=7, linewidth=2,
                     alpha=1.0 if value is None else 1.0 - 0.5 * split_index / len(split_values))
             if (stats["n"] > 1).any():
-                bars = ax.errorbar(stats[x], stats["mean"], yerr=[stats["mean"] - stats["min"],
-                                                                   stats["max"] - stats["mean"]],
+                # clip: the mean of equal values can round below their min (three seeds of a
+                # deterministic simulation give the same throughput), and errorbar refuses that
+                bars = ax.errorbar(stats[x], stats["mean"], yerr=[(stats["mean"] - stats["min"]).clip(lower=0),
+                                                                   (stats["max"] - stats["mean"]).clip(lower=0)],
                                    fmt="none", ecolor=style["color"], alpha=0.5, capsize=3)
                 for cap in bars.lines[1]:
                     cap.set_gid(SPREAD_GID)

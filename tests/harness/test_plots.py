@@ -175,3 +175,21 @@ def test_speedup_vs_nodes():
     assert list(data_lines(rate_ax)[0].get_xdata()) == [4, 16, 64, 256]
     assert list(data_lines(rate_ax)[0].get_ydata()) == pytest.approx([2.4, 3.2, 5.0, 3.0])
     assert "target not reached at 256 nodes" in notes(figure)
+
+
+def test_seeds_with_equal_values_draw_their_spread():
+    """Three seeds of a deterministic simulation share a throughput whose float mean rounds below
+    the min (31.38126012 x 3); the spread bars must still draw (matplotlib refuses negative yerr)."""
+    rows = []
+    for delay, rtt in ((0.1, 21.6), (1.0, 215.7)):
+        for seed in range(3):
+            rows.append({"label": "sync", "algorithm": "sync", "seed": seed, "delay_scale": delay,
+                         "mean_rtt_ms": rtt, "rate": None, "speedup_vs_sync": 1.0, "throughput_speedup_vs_sync": 1.0})
+            rows.append({"label": "dts", "algorithm": "dts", "seed": seed, "delay_scale": delay,
+                         "mean_rtt_ms": rtt, "rate": None, "speedup_vs_sync": 20.0 + seed,
+                         "throughput_speedup_vs_sync": 31.38126012})
+    assert pd.Series([31.38126012] * 3).mean() < 31.38126012  # the rounding this test is about
+    figure = plots.speedup_vs_latency(pd.DataFrame(rows))
+    check_figure(figure)
+    _, rate_ax = figure.axes
+    assert list(data_lines(rate_ax)[0].get_ydata()) == pytest.approx([31.38126012] * 2)
