@@ -280,6 +280,24 @@ class FluidNetwork:
         self._rerate()
         return flow_id
 
+    def cancel_flows(self, now: float, which) -> list[Flow]:
+        """Stop the flows in flight for which ``which(flow)`` is true (a crashed node's, or those a
+        sender gave up on): their bytes stop at ``now``, nothing of them is delivered; returns them."""
+        self.advance(now)
+        stopped = [flow for flow in self._flows.values() if which(flow)]
+        for flow in stopped:
+            del self._flows[flow.flow_id]
+        if stopped:
+            self._rerate()
+        return stopped
+
+    def new_connections(self, node: int) -> None:
+        """``node``'s TCP connections start afresh (a restarted process connects again): the
+        initial window, nothing sent yet."""
+        for index in (np.s_[node, :], np.s_[:, node]):
+            self._cwnd[index] = float(INITIAL_WINDOW_SEGMENTS)
+            self._last_send[index] = -np.inf
+
     def next_completion(self) -> float:
         """When the next flow in flight sends its last byte (inf: none will)."""
         best = INFINITE

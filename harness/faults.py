@@ -1,7 +1,8 @@
 """Fault injection: a scenario's timeline of events, applied while a job runs, each one recorded.
 
 Events (times are seconds after the job's processes start; on backend sim, virtual seconds after
-the simulation starts, the actions planned ahead as data: `planned_actions`):
+the simulation starts, the actions planned ahead as data: `planned_actions`, and a crash kills
+the rank's simulated process, a restart starts a fresh one: trainers.sim):
     link_down / link_up   {between: [a, b]} or {from: a, to: b}: a partition between regions
     link_change           the same, with any of delay/rtt/rate/jitter/loss: the new values
     loss_burst            {between, loss: "30%", duration: "5s"}: loss for a while, then restored
@@ -16,7 +17,10 @@ again). A crashed rank ends the job for algorithms built on collectives (status 
 injected crash named in the reason). Crash-tolerant algorithms (async_ps, dpsgd, adpsgd,
 swarmsgd, diloco) run on the elastic tcp comm when a scenario crashes nodes: the others go on and
 a restarted rank (TORCHELASTIC_RESTART_COUNT) is admitted back; harness/run.py then does not count
-the killed process as a failure. Every event and what it did goes to the job's `faults.jsonl`.
+the killed process as a failure. The same on backend sim, on the virtual clock: the elastic
+comm's simulated twin (trainers/sim/elastic.py) for the crash-tolerant algorithms, a failed
+simulation naming the crash for the others. Every event and what it did goes to the job's
+`faults.jsonl`.
 """
 
 from __future__ import annotations
@@ -266,8 +270,10 @@ def planned_actions(events, base_links: dict) -> list[dict]:
     """Every action of the events' timeline, in order, as data, for a clock the harness does not
     watch (backend sim, harness/sim_job.py): {due_s, what, effect, calls}, `calls` what the
     action asks of the network and the nodes ({"set_link": [src, dst, LinkSpec fields, or None
-    for down]}, {"cpu_factor": [node, factor]}). Exact: an action's effect depends only on the
-    actions before it, never on the network. `base_links` as for FaultTimeline."""
+    for down]}, {"cpu_factor": [node, factor]}, {"crash": node}, {"restart": node}). Exact for
+    links and stragglers: an action's effect depends only on the actions before it, never on the
+    network. A crash's or restart's effect depends on the job (is the rank still running? can it
+    be taken back?): None here, the simulator says what it did. `base_links` as for FaultTimeline."""
     controls = PlannedControls()
     timeline = FaultTimeline(events, base_links, controls, controls, record_path=None)
     out = []
@@ -279,9 +285,7 @@ def planned_actions(events, base_links: dict) -> list[dict]:
 
 
 class PlannedControls:
-    """Network and nodes for `planned_actions`: each call is noted as data, nothing changes.
-    A node_crash cannot be planned: where a clock runs without the harness (backend sim) ranks
-    never crash (harness.scenario.check_sim says so before anything runs)."""
+    """Network and nodes for `planned_actions`: each call is noted as data, nothing changes."""
 
     def __init__(self):
         self.calls: list[dict] = []
@@ -293,10 +297,11 @@ class PlannedControls:
         self.calls.append({"cpu_factor": [node, factor]})
         return f"compute x{factor:g}" if factor != 1.0 else "compute restored"
 
-    def crash(self, node: str) -> str:
-        raise ValueError(f"node_crash {node}: not supported where ranks cannot crash (backend sim)")
+    def crash(self, node: str) -> None:
+        self.calls.append({"crash": node})
 
-    restart = crash
+    def restart(self, node: str) -> None:
+        self.calls.append({"restart": node})
 
 
 def write_fault_record(path: Path, due_s: float, applied_s: float, what: str, effect: str, ok: bool,

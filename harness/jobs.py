@@ -44,6 +44,9 @@ RANKS_DONE_FILE = "RANKS_DONE"
 # A sim job's input beside config.json (harness/sim_job.py) and its process's output.
 SIM_FILE = "sim.json"
 SIM_LOG = "sim.log"
+# How a job that went on through injected crashes says so (job.json's reason); a sim job's process
+# prints it as its last line.
+CRASH_TOLERATED = "crash tolerated: "
 
 
 @dataclasses.dataclass
@@ -52,6 +55,14 @@ class JobOutcome:
     status: str            # ok | failed | stalled | timeout | interrupted
     wall_s: float
     reason: str = ""
+
+
+def crash_tolerated(crashed_at: dict[int, float], restarts: dict[int, int]) -> str:
+    """The reason of a job that ended ok through injected crashes: each rank killed (s after the
+    job's start) and how often it was restarted."""
+    return CRASH_TOLERATED + "; ".join(
+        f"rank {rank} killed at {t:.1f} s (injected)" + (f", restarted {restarts[rank]}x" if rank in restarts else "")
+        for rank, t in sorted(crashed_at.items()))
 
 
 def default_rank_threads(world: int) -> int:
@@ -154,8 +165,9 @@ class JobProcesses:
             return f"rank {node.rank} still running; not restarted"
         if self.job.command is None and not self.tolerant:
             # Policy: a rank of an algorithm built on collectives cannot rejoin; its job fails.
-            return (f"not restarted: {self.job.trainer_config['algorithm']['name']} needs every rank in "
-                    "every collective and cannot take a rank back (the job fails)")
+            from trainers.loading import cannot_take_back
+
+            return f"not restarted: {cannot_take_back(self.job.trainer_config['algorithm']['name'])}"
         self.restarts[node.rank] = self.restarts.get(node.rank, 0) + 1
         self._spawn(node, restarts=self.restarts[node.rank])
         return f"rank {node.rank} restarted as pid {self.procs[node.rank].pid}"
@@ -198,10 +210,7 @@ class JobProcesses:
         bad = [(rank, code) for rank, code in enumerate(codes) if not self.tolerated(rank, code)]
         reason = "; ".join(self.exit_reason(rank, code) for rank, code in bad)
         if not bad and self.crashed_at:
-            reason = "crash tolerated: " + "; ".join(
-                f"rank {rank} killed at {t:.1f} s (injected)"
-                + (f", restarted {self.restarts[rank]}x" if rank in self.restarts else "")
-                for rank, t in sorted(self.crashed_at.items()))
+            reason = crash_tolerated(self.crashed_at, self.restarts)
         return JobOutcome(self.job.job_id, "failed" if bad else "ok", self.elapsed_s(), reason)
 
     def failure_reasons(self) -> list[str]:
@@ -507,9 +516,12 @@ def run_sim_job(job: Job, job_dir: Path, nodes: int, sim_spec: dict, timeout_s: 
             time.sleep(WATCH_INTERVAL_S)
         elapsed = time.monotonic() - started
         if outcome is None:
-            code = proc.returncode
-            outcome = JobOutcome(job.job_id, "ok" if code == 0 else "failed", elapsed,
-                                 "" if code == 0 else f"the simulation exited {code}: {_last_line(job_dir / SIM_LOG)}")
+            code, last = proc.returncode, _last_line(job_dir / SIM_LOG)
+            if code == 0:  # through injected crashes its last line says so, as tun's reason does
+                reason = last if last.startswith(CRASH_TOLERATED) else ""
+            else:  # the error, which names an injected crash (trainers.sim.run_simulated)
+                reason = f"the simulation exited {code}: {last}"
+            outcome = JobOutcome(job.job_id, "ok" if code == 0 else "failed", elapsed, reason)
         code = evaluator.finish()
         if code != 0:  # the job's records stand; its accuracy is missing, and the reason says why
             why = "ended at its time limit" if code is None else f"exited {code}: {_last_line(job_dir / 'evaluator.log')}"

@@ -442,9 +442,9 @@ def _check_faults(source: str, spec: ScenarioFile, topology: Topology) -> None:
 
 def check_sim(spec: ScenarioFile, source: str) -> None:
     """What backend sim cannot run, as a ConfigError naming the file and field (before anything
-    runs): crashed nodes (simulated ranks never crash), a command of the user's own (the
-    simulator runs the trainers, not a program), an algorithm whose communication bypasses the
-    comm layer (trainers.sim.UNSUPPORTED_ALGORITHMS) and a GPU device."""
+    runs): a command of the user's own (the simulator runs the trainers, not a program), an
+    algorithm whose communication bypasses the comm layer (trainers.sim.UNSUPPORTED_ALGORITHMS)
+    and a GPU device."""
     from trainers.sim import UNSUPPORTED_ALGORITHMS  # here, not at the top: it imports torch
 
     for index, entry in enumerate(spec.algorithms):
@@ -457,10 +457,6 @@ def check_sim(spec: ScenarioFile, source: str) -> None:
             where = f"algorithms[{index}].workload.device" if "device" in entry.workload else "workload.device"
             raise ConfigError(where, f"{device}: simulated ranks compute on the cpu (sim.compute_s or a "
                               "compute profile stands for the accelerator)", source=source)
-    for index, event in enumerate(spec.faults):
-        if event.kind == "node_crash":
-            raise ConfigError(f"faults[{index}].kind", "node_crash is not supported on backend sim (simulated "
-                              "ranks never crash): remove it, or run on tun", source=source)
     if spec.command is not None:
         raise ConfigError("command", "backend sim runs the trainers on a virtual clock, not a command of your "
                           "own: give algorithms, or run on tun", source=source)

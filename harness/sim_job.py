@@ -7,8 +7,10 @@ The harness (harness/jobs.py `run_sim_job`) writes, before starting it:
     JOB_DIR/sim.json      {plan: the point's plan.json, seed, nic_rate_bit_s, compute: {forward_backward_s,
                           step_overhead_s, source}, faults: harness.faults.planned_actions(...)}
 and the ranks write what they write on tun (rank<N>.jsonl, snapshots/, config.resolved.json),
-with every time in virtual seconds. Fault actions (link changes, stragglers) are applied at
-their virtual times and appended to JOB_DIR/faults.jsonl as on tun. The harness evaluates the
+with every time in virtual seconds. Fault actions (link changes, stragglers, crashes and
+restarts) are applied at their virtual times and appended to JOB_DIR/faults.jsonl as on tun. A
+job that went on through crashes prints tun's reason as its last line (`crash tolerated: ...`);
+one that failed exits 1 with the error, which names the crash. The harness evaluates the
 snapshots afterwards (trainers.evaluate), outside this process.
 
 Also here: what the harness decides before a sim run (`SimRun`: the compute model of each
@@ -30,7 +32,7 @@ from emulator.plan import Plan
 
 from .auto_dilation import StepMeasurement, measure_step_s, rank_threads, step_time_key
 from .faults import planned_actions, write_fault_record
-from .jobs import SIM_FILE
+from .jobs import SIM_FILE, crash_tolerated
 from .scenario import AUTO_SIM_COMPUTE, Job, Scenario
 
 
@@ -90,7 +92,7 @@ def sim_run(scenario: Scenario,
 
 
 def sim_faults(scenario: Scenario, plan: Plan) -> list[dict]:
-    """The scenario's link and straggler faults as actions on the virtual clock (data)."""
+    """The scenario's faults as actions on the virtual clock (data)."""
     return planned_actions(scenario.spec.faults, plan.emulated_region_links()) if scenario.spec.faults else []
 
 
@@ -122,13 +124,25 @@ class _SimLinks:
         self.network.set_link(src_region, dst_region, down if spec is None else LinkSpec(**spec))
 
 
-def fault_actions(planned: list[dict], plan: Plan, record_path: Path,
-                  wall_time: Callable[[], float]) -> list[tuple[float, Callable]]:
+@dataclasses.dataclass
+class SimCrashes:
+    """What the crash and restart actions did (what JobProcesses keeps on tun): rank -> virtual s
+    of its last kill, rank -> restarts."""
+
+    crashed_at: dict = dataclasses.field(default_factory=dict)
+    restarts: dict = dataclasses.field(default_factory=dict)
+
+
+def fault_actions(planned: list[dict], plan: Plan, record_path: Path, wall_time: Callable[[], float],
+                  crashes: Optional[SimCrashes] = None) -> list[tuple[float, Callable]]:
     """`planned` (harness.faults.planned_actions) as (virtual time, action(simulator)) for
     run_simulated; each applied action is appended to `record_path` as on tun, with `wall_time()`
-    (the virtual clock's reading, like the records' time_unix) as its time_unix."""
+    (the virtual clock's reading, like the records' time_unix) as its time_unix. A crash or a
+    restart is the simulator's (`crash`, `restart`: its effect is what they say they did), noted
+    in `crashes`."""
     links = _SimLinks(plan)
     ranks = {node.name: node.rank for node in plan.nodes}
+    crashes = SimCrashes() if crashes is None else crashes
     by_time: dict[float, list[dict]] = {}
     for action in planned:
         by_time.setdefault(action["due_s"], []).append(action)
@@ -137,13 +151,26 @@ def fault_actions(planned: list[dict], plan: Plan, record_path: Path,
         links.network = simulator.network
         for action in actions:
             try:
+                effect = action["effect"]
                 for call in action["calls"]:
                     if "set_link" in call:
                         links.set_link(*call["set_link"])
-                    else:
+                    elif "cpu_factor" in call:
                         node, factor = call["cpu_factor"]
                         simulator.compute_factor[ranks[node]] = factor
-                effect, ok = action["effect"], True
+                    elif "crash" in call:
+                        rank = ranks[call["crash"]]
+                        alive = simulator.alive(rank)
+                        effect = simulator.crash(rank)
+                        if alive:
+                            crashes.crashed_at[rank] = due_s
+                    else:
+                        rank = ranks[call["restart"]]
+                        before = simulator.generation[rank]
+                        effect = simulator.restart(rank)
+                        if simulator.generation[rank] > before:
+                            crashes.restarts[rank] = crashes.restarts.get(rank, 0) + 1
+                ok = True
             except Exception as exc:  # noqa: BLE001 - a failed injection is recorded, the run goes on
                 effect, ok = f"{type(exc).__name__}: {exc}", False
             write_fault_record(record_path, action["due_s"], due_s, action["what"], effect, ok, wall_time())
@@ -166,11 +193,15 @@ def main(argv: Optional[list[str]] = None, engine: Optional[SimpleNamespace] = N
     config = load_config(job_dir / "config.json")
     network = engine.FluidNetwork.from_plan(plan, nic_rate_bit_s=spec.get("nic_rate_bit_s"), seed=spec["seed"])
     compute = engine.ComputeModel(**spec["compute"])
-    actions = fault_actions(spec.get("faults") or [], plan, job_dir / "faults.jsonl", engine.wall_time)
+    crashes = SimCrashes()
+    actions = fault_actions(spec.get("faults") or [], plan, job_dir / "faults.jsonl", engine.wall_time, crashes)
     results = engine.run_simulated(config, len(plan.nodes), network, compute, actions)
-    stops = sorted({r.stop_reason for r in results})
-    print(f"sim: {len(results)} ranks, rank 0 took {results[0].steps if results else 0} steps "
+    ended = [r for r in results if r is not None]  # a rank killed and not restarted has none
+    stops = sorted({r.stop_reason for r in ended})
+    print(f"sim: {len(results)} ranks, rank 0 took {results[0].steps if results and results[0] else 0} steps "
           f"({', '.join(stops) or 'no rank ran'})", flush=True)
+    if crashes.crashed_at:  # the job's reason, as on tun (harness.jobs.run_sim_job reads it)
+        print(crash_tolerated(crashes.crashed_at, crashes.restarts), flush=True)
     return 0
 
 

@@ -91,6 +91,15 @@ class PeerLost(ConnectionError):
         self.rank = rank
 
 
+class ProcessKilled(BaseException):
+    """Unwinds a simulated rank whose process was killed (``trainers.sim``: an injected crash).
+
+    A killed process runs nothing more: the runner lets this pass without a status record and the
+    comm says no goodbye, so the rank's records end where a SIGKILL would have ended them. Never
+    raised in a real process. A BaseException, so that no ``except Exception`` stops it.
+    """
+
+
 class Work:
     """Handle of an asynchronous operation. ``wait()`` blocks, is accounted, and returns the result.
 
@@ -156,6 +165,9 @@ class Comm(ABC):
 
     # True for a backend that survives a peer's crash (raises PeerLost, admits restarted ranks).
     elastic = False
+    # Restarts of this rank's process before this one (torchrun's TORCHELASTIC_RESTART_COUNT); an
+    # elastic backend's restarted process rejoins (trainers/comm_tcp.py).
+    generation = 0
 
     def __init__(self, rank: int, world_size: int, allreduce: AllReduceAlgorithm = "gloo"):
         if allreduce not in ALLREDUCE_ALGORITHMS:

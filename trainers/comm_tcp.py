@@ -83,7 +83,80 @@ class _Peer:
     posted: int = 0  # receives posted (each claims the next message index)
 
 
-class TcpComm(Comm):
+class StarCollectives(Comm):
+    """Collectives as a star through rank 0 (the coordinator) over the live ranks, made of this
+    comm's point-to-point messages, so that they survive a lost rank: the elastic comms' (TcpComm
+    here, and the simulator's, trainers/sim/elastic.py). A subclass gives ``_isend``/``_irecv``
+    (raising :class:`PeerLost`) and ``live_ranks``."""
+
+    elastic = True
+
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp = "sum", async_op: bool = False) -> Optional[Work]:
+        """Reduce over the live ranks through rank 0; a rank lost meanwhile is left out (avg divides
+        by the ranks that took part). Runs at once; with ``async_op`` returns a completed handle."""
+        if self.rank == COORDINATOR:
+            parts = {rank: torch.empty_like(tensor) for rank in self.live_ranks()[1:]}
+            arrived = self._each(parts, lambda rank: self.irecv(parts[rank], rank))
+            for rank in arrived:  # in rank order: the same sum whatever the arrival order
+                COMBINE[op](tensor, parts[rank])
+            if op == "avg":
+                tensor.div_(len(arrived) + 1)
+            self._each(arrived, lambda rank: self.isend(tensor, rank))
+        else:
+            self.send(tensor, COORDINATOR)
+            self.recv(tensor, COORDINATOR)
+        return _done(self) if async_op else None
+
+    def ring_all_reduce(self, tensor: torch.Tensor, op: ReduceOp = "sum") -> torch.Tensor:
+        """A ring cannot lose a member mid-way: the star :meth:`all_reduce` stands in for it."""
+        self.all_reduce(tensor, op)
+        return tensor
+
+    def allreduce_async(self, tensor: torch.Tensor, op: ReduceOp = "sum", algorithm=None) -> Work:
+        """Every algorithm is the star :meth:`all_reduce` here (it survives a lost rank); runs at once."""
+        return self.all_reduce(tensor, op, async_op=True)
+
+    def broadcast(self, tensor: torch.Tensor, src: int, async_op: bool = False) -> Optional[Work]:
+        """Send ``src``'s tensor to every live rank (lost ones are skipped)."""
+        if self.rank == src:
+            self._each([r for r in self.live_ranks() if r != src], lambda rank: self.isend(tensor, rank))
+        else:
+            self.recv(tensor, src)
+        return _done(self) if async_op else None
+
+    def barrier(self) -> None:
+        self.all_reduce(torch.zeros(1), "sum")
+
+    def all_gather(self, outputs, tensor, async_op: bool = False):
+        raise NotImplementedError(f"{type(self).__name__} has no all_gather: no crash-tolerant algorithm needs one")
+
+    # The base class's collective hooks are replaced by the public methods above.
+    def _all_reduce(self, tensor, op):  # pragma: no cover - not reachable
+        raise AssertionError("unused")
+
+    _broadcast = _all_gather = _barrier = _all_reduce
+
+    @staticmethod
+    def _each(ranks, start: Callable[[int], Work]) -> list[int]:
+        """Start a transfer with every rank, then wait for all (so they overlap on the WAN); returns
+        the ranks whose transfer completed, in order (a peer lost meanwhile is left out)."""
+        works = {}
+        for rank in sorted(ranks):
+            try:
+                works[rank] = start(rank)
+            except PeerLost:
+                pass
+        done = []
+        for rank, work in works.items():
+            try:
+                work.wait()
+                done.append(rank)
+            except PeerLost:
+                pass
+        return done
+
+
+class TcpComm(StarCollectives):
     """Point-to-point TCP transport with crash detection and rejoin (see module docstring).
 
     Args:
@@ -91,8 +164,6 @@ class TcpComm(Comm):
         device: torch device of the model's tensors (CUDA tensors are staged through the CPU).
         env: the torchrun variables (default os.environ).
     """
-
-    elastic = True
 
     def __init__(self, timeout_s: float = 300.0, device: torch.device | str = "cpu", env=None):
         env = os.environ if env is None else env
@@ -267,56 +338,9 @@ class TcpComm(Comm):
 
         return wait_fn, ready  # done, or would raise at once
 
-    # -- collectives: a star through the coordinator over the live ranks ---------------------------
-
-    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp = "sum", async_op: bool = False) -> Optional[Work]:
-        """Reduce over the live ranks through rank 0; a rank lost meanwhile is left out (avg divides
-        by the ranks that took part). Runs at once; with ``async_op`` returns a completed handle."""
-        if self.rank == COORDINATOR:
-            parts = {rank: torch.empty_like(tensor) for rank in self.live_ranks()[1:]}
-            arrived = self._each(parts, lambda rank: self.irecv(parts[rank], rank))
-            for rank in arrived:  # in rank order: the same sum whatever the arrival order
-                COMBINE[op](tensor, parts[rank])
-            if op == "avg":
-                tensor.div_(len(arrived) + 1)
-            self._each(arrived, lambda rank: self.isend(tensor, rank))
-        else:
-            self.send(tensor, COORDINATOR)
-            self.recv(tensor, COORDINATOR)
-        return _done(self) if async_op else None
-
-    def ring_all_reduce(self, tensor: torch.Tensor, op: ReduceOp = "sum") -> torch.Tensor:
-        """A ring cannot lose a member mid-way: the star :meth:`all_reduce` stands in for it."""
-        self.all_reduce(tensor, op)
-        return tensor
-
-    def allreduce_async(self, tensor: torch.Tensor, op: ReduceOp = "sum", algorithm=None) -> Work:
-        """Every algorithm is the star :meth:`all_reduce` here (it survives a lost rank); runs at once."""
-        return self.all_reduce(tensor, op, async_op=True)
-
     @property
     def transport(self) -> str:
         return "tcp"
-
-    def broadcast(self, tensor: torch.Tensor, src: int, async_op: bool = False) -> Optional[Work]:
-        """Send ``src``'s tensor to every live rank (lost ones are skipped)."""
-        if self.rank == src:
-            self._each([r for r in self.live_ranks() if r != src], lambda rank: self.isend(tensor, rank))
-        else:
-            self.recv(tensor, src)
-        return _done(self) if async_op else None
-
-    def barrier(self) -> None:
-        self.all_reduce(torch.zeros(1), "sum")
-
-    def all_gather(self, outputs, tensor, async_op: bool = False):
-        raise NotImplementedError("TcpComm has no all_gather: no crash-tolerant algorithm needs one")
-
-    # The base class's collective hooks are replaced by the public methods above.
-    def _all_reduce(self, tensor, op):  # pragma: no cover - not reachable
-        raise AssertionError("unused")
-
-    _broadcast = _all_gather = _barrier = _all_reduce
 
     # -- life cycle ------------------------------------------------------------------------------
 
@@ -338,25 +362,6 @@ class TcpComm(Comm):
         self._listener.close()
 
     # -- internals -------------------------------------------------------------------------------
-
-    @staticmethod
-    def _each(ranks, start: Callable[[int], Work]) -> list[int]:
-        """Start a transfer with every rank, then wait for all (so they overlap on the WAN); returns
-        the ranks whose transfer completed, in order (a peer lost meanwhile is left out)."""
-        works = {}
-        for rank in sorted(ranks):
-            try:
-                works[rank] = start(rank)
-            except PeerLost:
-                pass
-        done = []
-        for rank, work in works.items():
-            try:
-                work.wait()
-                done.append(rank)
-            except PeerLost:
-                pass
-        return done
 
     def _peer_for(self, rank: int) -> _Peer:
         if rank not in self._peers:

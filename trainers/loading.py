@@ -35,6 +35,12 @@ def comm_backend_for(algorithm: str, nodes_crash: bool) -> Optional[str]:
     return ELASTIC_COMM_BACKEND if nodes_crash and tolerates_crash(algorithm) else None
 
 
+def cannot_take_back(algorithm: str) -> str:
+    """Why a crashed rank of a job of ``algorithm`` (not on the elastic comm) is not restarted."""
+    return (f"{algorithm} needs every rank in every collective and cannot take a rank back "
+            "(the job fails)")
+
+
 def uses_elastic_comm(config: Config | Mapping[str, Any]) -> bool:
     """Whether a run (a Config, or its dict form) is on the elastic comm: it goes on without a
     crashed rank and takes a restarted one back."""

@@ -30,7 +30,7 @@ import torch
 
 from trainers import clock
 from trainers.algorithms import AlgorithmContext, get_algorithm
-from trainers.comm import Comm, PeerLost, TorchComm
+from trainers.comm import Comm, PeerLost, ProcessKilled, TorchComm
 from trainers.config import (COMM_BACKEND_VARIABLE, GPU_REASON_VARIABLE, GPU_SHARED_BY_VARIABLE, Config,
                              from_dict, require_choice, to_dict)
 from trainers.datasets import BatchSampler, load_dataset, shard_indices
@@ -68,8 +68,8 @@ def run(config: Config, comm_factory: Optional[Callable[[], Comm]] = None) -> Ru
     """Train on this rank as ``config`` says, writing records; re-raises after recording a failure.
 
     ``comm_factory``: the communication layer to use instead of the one the torchrun environment
-    and the config name (a simulated run's ranks share one process: ``trainers.sim``); the rank
-    and world size are then the comm's.
+    and the config name (a simulated run's ranks share one process: ``trainers.sim``); the rank,
+    world size and restart count (``generation``) are then the comm's.
     """
     comm: Optional[Comm] = comm_factory() if comm_factory is not None else None
     if comm is None:
@@ -78,7 +78,7 @@ def run(config: Config, comm_factory: Optional[Callable[[], Comm]] = None) -> Ru
         world_size = int(os.environ["WORLD_SIZE"])
         restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     else:
-        rank, world_size, restarts = comm.rank, comm.world_size, 0
+        rank, world_size, restarts = comm.rank, comm.world_size, comm.generation
     output_dir = Path(config.output_dir)
     writer = RecordWriter(output_dir, rank, append=restarts > 0)  # a restarted rank adds to its records
     try:
@@ -116,6 +116,8 @@ def run(config: Config, comm_factory: Optional[Callable[[], Comm]] = None) -> Ru
                      comm_calls={op: s.calls for op, s in comm.stats.per_op.items() if s.calls},
                      max_rss_mib=max_rss_mib())
         return result
+    except ProcessKilled:
+        raise  # a killed process writes nothing more (trainers.sim's injected crash)
     except BaseException as error:
         writer.write(
             "status",

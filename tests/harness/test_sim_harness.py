@@ -72,9 +72,6 @@ def test_bad_sim_settings_name_the_file_and_field(write_yaml, sim, field, messag
 
 
 def test_what_sim_cannot_run_is_refused_before_anything_runs(write_yaml, capsys, tmp_path):
-    crash = SCENARIO.replace("sim: {", "faults: [{at: 1s, kind: node_crash, node: a-0}]\nsim: {")
-    with pytest.raises(ConfigError, match=r"faults\[0\].kind: node_crash is not supported on backend sim"):
-        load_scenario(write_yaml(crash, "crash.yaml"))
     command = SCENARIO.replace("algorithms: [{name: sync}, {name: local_sgd, params: {H: 2}}]", "command: [\"true\"]")
     with pytest.raises(ConfigError, match="command: backend sim runs the trainers"):
         load_scenario(write_yaml(command, "cmd.yaml"))
@@ -85,10 +82,10 @@ def test_what_sim_cannot_run_is_refused_before_anything_runs(write_yaml, capsys,
     with pytest.raises(ConfigError, match="workload.device: cuda: simulated ranks compute on the cpu"):
         load_scenario(write_yaml(gpu, "gpu.yaml"))
     # a tun scenario run with --backend sim: the same check, one line, exit 2, no run directory
-    path = write_yaml(crash.replace("backend: sim", "backend: tun"), "crash-tun.yaml")
+    path = write_yaml(ddp.replace("backend: sim", "backend: tun"), "ddp-tun.yaml")
     assert cli.main(["run", path, "--backend", "sim", "--output", str(tmp_path / "runs")]) == cli.EXIT_BAD_INPUT
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "faults[0].kind: node_crash is not supported on backend sim" in err
+    assert len(err.splitlines()) == 1 and "algorithms[1].name: ddp cannot run on backend sim" in err
     assert not (tmp_path / "runs").exists()
 
 
@@ -122,6 +119,50 @@ def test_link_and_straggler_faults_become_actions_as_data(write_yaml):
     assert actions[2]["calls"] == [{"cpu_factor": ["a-0", 3.0]}] and actions[2]["effect"] == "compute x3"
     assert actions[3]["calls"][0]["set_link"][2]["one_way_delay_ms"] == 20.0
     json.dumps(actions)  # data: it goes into sim.json
+
+
+def test_crashes_and_restarts_become_actions_the_simulator_applies(write_yaml):
+    """node_crash loads on sim (a crash-tolerant algorithm then gets the elastic comm, as on tun);
+    its actions are data whose effect the simulator says when it applies them."""
+    crashing = SCENARIO.replace("{name: local_sgd, params: {H: 2}}", "{name: swarmsgd, params: {H: 2}}").replace(
+        "sim: {", "faults: [{at: 1s, kind: node_crash, node: b-0, restart_after: 0.5s}]\nsim: {")
+    scenario = load_scenario(write_yaml(crashing, "crash.yaml"))
+    backends = {job.algorithm: job.trainer_config.get("comm", {}).get("backend") for job in scenario.jobs}
+    assert backends == {"sync": None, "swarmsgd": "tcp"}
+    from emulator.plan import make_plan
+    from harness.sim_job import SimCrashes, fault_actions
+
+    plan = make_plan(scenario.topology_for(scenario.network_points()[0]))
+    planned = planned_actions(scenario.spec.faults, plan.emulated_region_links())
+    assert [(a["due_s"], a["what"], a["calls"], a["effect"]) for a in planned] == [
+        (1.0, "node_crash b-0", [{"crash": "b-0"}], None), (1.5, "restart b-0", [{"restart": "b-0"}], None)]
+    json.dumps(planned)
+
+    class Simulator:  # what fault_actions asks of trainers.sim.Simulator
+        def __init__(self):
+            self.network, self.generation, self.running = None, [0, 0], {0, 1}
+
+        def alive(self, rank):
+            return rank in self.running
+
+        def crash(self, rank):
+            self.running.discard(rank)
+            return f"rank {rank} killed"
+
+        def restart(self, rank):
+            self.generation[rank] += 1
+            self.running.add(rank)
+            return f"rank {rank} restarted (restart 1)"
+
+    crashes = SimCrashes()
+    record = Path(write_yaml("", "faults.jsonl"))
+    simulator = Simulator()
+    for due_s, apply in fault_actions(planned, plan, record, lambda: 1_700_000_000.0, crashes):
+        apply(simulator)
+    assert (crashes.crashed_at, crashes.restarts) == ({1: 1.0}, {1: 1})
+    faults = [json.loads(line) for line in record.read_text().splitlines()]
+    assert [(f["applied_s"], f["what"], f["effect"], f["ok"]) for f in faults] == [
+        (1.0, "node_crash b-0", "rank 1 killed", True), (1.5, "restart b-0", "rank 1 restarted (restart 1)", True)]
 
 
 # --- the run loop, with a stand-in engine ------------------------------------------------------
@@ -367,3 +408,65 @@ def test_a_partition_on_the_real_engine_holds_point_to_point_traffic_back(write_
     assert list(faults["what"]) == ["link tokyo->oregon down", "link oregon->tokyo down",
                                     "link tokyo->oregon up", "link oregon->tokyo up"]
     assert faults["ok"].all() and list(faults["time_s"]) == [0.2, 0.2, 0.6, 0.6]
+
+
+CRASH_E2E = textwrap.dedent("""
+    topology:
+      name: simcrash
+      address_pool: 10.237.0.0/24
+      regions: {london: {nodes: 2}, tokyo: {nodes: 1}, oregon: {nodes: 1}}
+      links:
+        - {between: [london, tokyo], rtt: 220ms, rate: 200Mbit}
+        - {between: [london, oregon], rtt: 130ms, rate: 200Mbit}
+        - {between: [tokyo, oregon], rtt: 100ms, rate: 200Mbit}
+    backend: sim
+    workload:
+      model: {name: mlp, params: {hidden_sizes: [32]}}
+      dataset: {name: digits}
+      batch_size: 32
+      lr: 0.05
+      optimizer: {name: sgd, momentum: 0.9}
+      eval_every: 10
+    stop: {steps: 100000, time_budget_s: 8}
+    algorithms: [{name: sync}, {name: swarmsgd, params: {H: 2}}]
+    faults:
+      - {at: 2s, kind: node_crash, node: tokyo-0, restart_after: 1s}
+    sim: {compute_s: 0.004, overhead_s: 0.001}
+""")
+
+
+@pytest.mark.slow
+def test_a_crash_on_the_real_engine_fails_sync_and_swarmsgd_takes_the_node_back(write_yaml, tmp_path):
+    """node_crash with restart_after on sim, end to end (`wanbench run --backend sim`'s loop): the
+    same records and job outcome as on tun (tests/emulator/test_faults_e2e.py), on the virtual clock."""
+    scenario = load_scenario(write_yaml(CRASH_E2E, "crash.yaml"))
+    completed = run_module.run_scenario(scenario, "sim", tmp_path / "runs", console=_quiet())
+    jobs = {d.name.split("-")[1]: d for d in (completed.run_dir / "jobs").iterdir()}
+    summary = completed.summary.set_index("label")
+    sync = json.loads((jobs["sync"] / "job.json").read_text())
+    assert summary.loc["sync", "status"] == "failed" and sync["status"] == "failed"
+    assert "rank 2 killed by the injected node_crash at 2.000 s" in sync["reason"], sync["reason"]
+
+    swarm_dir = jobs["swarmsgd"]
+    swarm = json.loads((swarm_dir / "job.json").read_text())
+    assert swarm["status"] == "ok" and swarm["reason"] == "crash tolerated: rank 2 killed at 2.0 s (injected), restarted 1x"
+    assert json.loads((swarm_dir / "config.json").read_text())["comm"]["backend"] == "tcp"
+    faults = [json.loads(line) for line in (swarm_dir / "faults.jsonl").read_text().splitlines()]
+    assert [(f["applied_s"], f["what"], f["effect"], f["ok"]) for f in faults] == [
+        (2.0, "node_crash tokyo-0", "rank 2 killed", True), (3.0, "restart tokyo-0", "rank 2 restarted (restart 1)", True)]
+    rank0 = [json.loads(line) for line in (swarm_dir / "rank0.jsonl").read_text().splitlines()]
+    lost, joined = [r for r in rank0 if r["kind"] == "membership"]
+    assert lost["lost"] == [2] and joined["joined"] == [2]
+    # rank 0 (london) learns of the crash when tokyo's FIN arrives (110 ms), at its next eval point
+    assert 2.11 <= lost["time_s"] < 3.0
+    rank2 = [json.loads(line) for line in (swarm_dir / "rank2.jsonl").read_text().splitlines()]
+    assert [r["kind"] for r in rank2].count("rejoin") == 1 and rank2[-1]["kind"] == "status"
+    assert rank2[-1]["status"] == "ok" and [r["restarts"] for r in rank2 if r["kind"] == "start"] == [0, 1]
+    assert summary.loc["swarmsgd", "status"] == "ok" and summary.loc["swarmsgd", "final_accuracy"] > 0.8
+    rows = completed.frames.faults
+    rows = rows[rows["label"] == "swarmsgd"]
+    assert list(rows["what"]) == ["node_crash tokyo-0", "rank 2 lost", "restart tokyo-0", "rank 2 joined",
+                                  "rank 2 rejoined"]
+    assert list(rows["time_s"])[0] == 2.0 and list(rows["time_s"])[2] == 3.0
+    markdown = write_report([completed.run_dir], tmp_path / "report").markdown.read_text()
+    assert "## Faults" in markdown and "rank 2 lost" in markdown and "rank 2 rejoined" in markdown

@@ -162,3 +162,130 @@ def test_a_collective_on_a_down_path_waits_for_the_link_to_come_back():
                      (1.0, lambda s: s.network.set_link("r0", "r1", None))])
     # from the link's return at 1 s: 2 ring steps, each a notice one way and the chunk the other
     assert sorted(log) == [(0, pytest.approx(1.2), 3.0), (1, pytest.approx(1.2), 3.0)]
+
+
+# --- crashes: the elastic comm (TcpComm's semantics) and the others ------------------------------
+
+
+def asymmetric_network(n, rate_bytes=125e6):
+    """One-way delays that differ per direction: rank i -> rank j takes 0.01 * (1 + i) + 0.001 * j s."""
+    lat = np.array([[0.01 * (1 + i) + 0.001 * j for j in range(n)] for i in range(n)])
+    np.fill_diagonal(lat, 0.0)
+    return FluidNetwork(latency_s=lat, rate=np.full((n, n), rate_bytes), jitter_s=np.zeros((n, n)),
+                        loss=np.zeros((n, n)), tcp_window=1e12, region_of=tuple(f"r{i}" for i in range(n)), tcp=False)
+
+
+def test_a_crashed_peer_is_lost_one_one_way_delay_later_after_what_it_sent():
+    from trainers.comm import PeerLost
+    from trainers.sim import ElasticSimComm
+
+    net = asymmetric_network(3)
+    sim = Simulator(3, net, ComputeModel(0.0))
+    log = {}
+
+    def body(rank):
+        comm = ElasticSimComm(sim, rank)
+        if rank == 1:  # sends every 0.3 s until it is killed at 1.0 s
+            for i in range(10):
+                comm.send(torch.tensor([float(i)]), 0)
+                sim.sleep(0.3)
+            log["rank 1 ran on"] = True
+        elif rank == 0:
+            got = []
+            try:
+                while True:
+                    tensor = torch.zeros(1)
+                    comm.recv(tensor, 1)
+                    got.append(tensor.item())
+            except PeerLost as lost:
+                log[0] = (sim.now, lost.rank, str(lost), got, comm.live_ranks())
+            with pytest.raises(PeerLost, match="rank 1 crashed"):
+                comm.isend(torch.zeros(1), 1)
+        else:  # a send posted after the crash, before rank 2 can know: it fails when the FIN arrives
+            sim.sleep(1.0 + 0.001)
+            work = comm.isend(torch.zeros(2_500_000), 1)  # 10 MB at 125 MB/s: 0.08 s, not out by then
+            with pytest.raises(PeerLost) as lost:
+                work.wait()
+            log[2] = (sim.now, str(lost.value), comm.is_live(1))
+
+    sim.run([lambda r=r: body(r) for r in range(3)], actions=[(1.0, lambda s: log.setdefault("crash", s.crash(1)))])
+    assert not sim.errors and log["crash"] == "rank 1 killed" and "rank 1 ran on" not in log
+    at, rank, why, got, live = log[0]
+    assert at == pytest.approx(1.0 + net.latency_s[1, 0]) and rank == 1  # the FIN: one one-way delay
+    assert "crashed (its connection closed without a goodbye)" in why
+    assert got == [0.0, 1.0, 2.0, 3.0] and live == [0, 2]  # everything sent before the kill arrived
+    assert log[2][0] == pytest.approx(1.0 + net.latency_s[1, 2]) and log[2][2] is False
+    assert net.in_flight() == 0  # the send that failed stopped its flow
+
+
+def crash_config(tmp_path, name, **changes):
+    return config(tmp_path, name, **{"algorithm": {"name": "swarmsgd", "params": {"H": 2}}, "comm": {"backend": "tcp"},
+                                     "steps": 100, "eval_every": 10, **changes})
+
+
+def crash_run(tmp_path, name, restart_after_s=0.2, **changes):
+    """swarmsgd on 4 ranks (about 70 steps/s), rank 2 killed at 0.5 s (and restarted
+    ``restart_after_s`` later)."""
+    actions = [(0.5, lambda s: s.crash(2))]
+    if restart_after_s is not None:
+        actions.append((0.5 + restart_after_s, lambda s: s.restart(2)))
+    net = asymmetric_network(4, 10 * MB)
+    results = run_simulated(crash_config(tmp_path, name, **changes), 4, net, ComputeModel(0.004, 0.001), actions)
+    return results, net
+
+
+def test_swarmsgd_goes_on_through_a_crash_and_the_restarted_rank_rejoins_the_same_each_run(tmp_path):
+    results, net = crash_run(tmp_path, "a")
+    out = tmp_path / "a"
+    assert [r.steps for r in results] == [100] * 4
+    for rank in range(4):
+        assert records(out, rank, "status")[-1]["status"] == "ok"
+    # rank 2's first process: steps until the kill, then nothing (no status); then a second one
+    rank2 = records(out, 2)
+    starts = [i for i, r in enumerate(rank2) if r["kind"] == "start"]
+    first = rank2[:starts[1]]
+    assert [r["restarts"] for r in records(out, 2, "start")] == [0, 1]
+    assert first[-1]["kind"] == "step" and first[-1]["time_s"] <= 0.5 and all(r["kind"] != "status" for r in first)
+    # rank 0 saw it lost at its next eval point after the FIN arrived, then admitted it back
+    lost, joined = records(out, 0, "membership")
+    assert (lost["lost"], lost["live"]) == ([2], [0, 1, 3]) and (joined["joined"], joined["live"]) == ([2], [0, 1, 2, 3])
+    assert lost["time_s"] >= 0.5 + net.latency_s[2, 0]
+    (rejoin,) = records(out, 2, "rejoin")
+    assert rejoin["step"] == joined["step"] and rejoin["restarts"] == 1
+    after = [r["step"] for r in rank2[starts[1]:] if r["kind"] == "step"]
+    assert after == list(range(rejoin["step"] + 1, 100)) and len(after) > 10  # it trains again, to the end
+    # the survivors kept stepping while it was away
+    steps0 = records(out, 0, "step")
+    assert any(0.5 < r["time_s"] < 0.9 for r in steps0)
+    # the same seed and faults give the same records, crash included
+    crash_run(tmp_path, "b")
+
+    def stripped(name):
+        return [{k: v for k, v in r.items() if k not in ("time_unix", "max_rss_mib")}
+                for rank in range(4) for r in records(tmp_path / name, rank)]
+
+    assert stripped("a") == stripped("b")
+
+
+def test_a_crash_without_restart_leaves_the_others_training(tmp_path):
+    results, _ = crash_run(tmp_path, "c", restart_after_s=None)
+    assert results[2] is None and [results[r].steps for r in (0, 1, 3)] == [100] * 3
+    assert all(r["kind"] != "status" for r in records(tmp_path / "c", 2))
+    assert records(tmp_path / "c", 0, "membership")[0]["lost"] == [2]
+
+
+def test_sync_fails_at_the_crash_with_the_crash_named_and_is_not_restarted(tmp_path):
+    net = asymmetric_network(4, 10 * MB)
+    effects = []
+    with pytest.raises(RuntimeError, match=r"^rank 2 killed by the injected node_crash at 0\.500 s; rank \d failed "
+                                           r"at simulated .*ConnectionError: rank 2 closed its connections"):
+        run_simulated(config(tmp_path, "sync", steps=60), 4, net, ComputeModel(0.004, 0.001),
+                      [(0.5, lambda s: effects.append(s.crash(2))),
+                       (0.5, lambda s: effects.append(s.restart(2)))])
+    assert effects == ["rank 2 killed", "not restarted: sync needs every rank in every collective and cannot take "
+                                        "a rank back (the job fails)"]
+    failed = [r for rank in (0, 1, 3) for r in records(tmp_path / "sync", rank, "status")
+              if "ConnectionError" in r["reason"]]
+    # the first survivor to fail is one whose FIN arrived first (the nearest), at the crash + that delay
+    assert failed and failed[0]["time_s"] == pytest.approx(0.5 + min(net.latency_s[2, r] for r in (0, 1, 3)), abs=1e-6)
+    assert all(r["kind"] != "status" for r in records(tmp_path / "sync", 2))

@@ -8,12 +8,20 @@ every time the trainers read or spend goes through the virtual clock (``trainers
 ranks write the same files a real job writes (``rank<N>.jsonl``, snapshots, the resolved config),
 with virtual times, so results, summaries and reports read them unchanged.
 
-Deterministic: the same config, network and compute model give the same records, bit for bit
-(``time_unix`` apart: it is the wall time the run started plus virtual time).
+Crashes: ``Simulator.crash`` kills a rank's process at a virtual time (its thread unwinds
+without another record, its flows stop) and ``Simulator.restart`` starts a fresh one (restart
+count one more), as the harness does on tun. A job on the elastic comm (``comm.backend: tcp``,
+what a crash-tolerant algorithm gets when a scenario crashes nodes) runs on
+:class:`ElasticSimComm` (:mod:`trainers.sim.elastic`: TcpComm's membership, PeerLost one one-way
+delay after the crash, a restarted rank rejoining at an evaluation point); any other job runs on
+:class:`SimComm`, whose communication fails once a crash has reached it, and the run fails with
+the crash named.
+
+Deterministic: the same config, network, compute model and faults give the same records, bit for
+bit (``time_unix`` apart: it is the wall time the run started plus virtual time).
 
 Not simulated: torch DDP (its reducer talks to torch.distributed itself: ``ddp`` is refused),
-crashes and rejoins (the elastic comm), GPUs (ranks compute on the CPU; a compute model or
-profile stands for the accelerator).
+GPUs (ranks compute on the CPU; a compute model or profile stands for the accelerator).
 """
 
 from __future__ import annotations
@@ -30,9 +38,11 @@ from trainers.config import Config
 from trainers.datasets import shared_datasets
 
 from .comm import SimComm
+from .elastic import ElasticSimComm
 from .engine import ComputeModel, Deadlock, SimAborted, Simulator
 
-__all__ = ["ComputeModel", "Deadlock", "SimComm", "Simulator", "run_simulated", "UNSUPPORTED_ALGORITHMS"]
+__all__ = ["ComputeModel", "Deadlock", "ElasticSimComm", "SimComm", "Simulator", "run_simulated",
+           "UNSUPPORTED_ALGORITHMS"]
 
 # Algorithms whose communication does not go through the comm layer.
 UNSUPPORTED_ALGORITHMS = {"ddp": "torch DDP's reducer talks to torch.distributed itself, not to the comm layer"}
@@ -58,6 +68,10 @@ class SimClock:
 
     def sleep(self, seconds: float) -> None:
         self.sim.sleep(seconds)
+
+    def forget(self, rank: int) -> None:
+        """A rank's process was replaced: what its killed predecessor charged is no one's."""
+        self._charged.pop(rank, None)
 
     def _compute_s(self, rank: int) -> float:
         return self.sim.compute.forward_backward_s * self.sim.compute_factor.get(rank, 1.0)
@@ -96,9 +110,12 @@ def run_simulated(config: Config, world_size: int, network, compute: ComputeMode
                   actions: Sequence[tuple[float, Callable[[Simulator], None]]] = (),
                   max_time_s: Optional[float] = None) -> list:
     """Run ``world_size`` ranks of ``config`` on ``network`` and ``compute``; returns each rank's
-    ``RunResult``. ``actions``: (virtual s, fn(simulator)) run at those times (faults: link
-    changes through ``simulator.network.set_link``, stragglers through ``simulator.compute_factor``).
-    Raises the first rank's error (every rank's records say how it ended)."""
+    ``RunResult`` (its last process's; None for a rank killed and not restarted).
+    ``actions``: (virtual s, fn(simulator)) run at those times (faults: link changes through
+    ``simulator.network.set_link``, stragglers through ``simulator.compute_factor``, crashes and
+    restarts through ``simulator.crash`` / ``simulator.restart``). Raises the first rank's error,
+    naming the ranks killed before it (every rank's records say how it ended)."""
+    from trainers.loading import cannot_take_back, uses_elastic_comm
     from trainers.runner import run
 
     if config.algorithm.name in UNSUPPORTED_ALGORITHMS:
@@ -111,14 +128,26 @@ def run_simulated(config: Config, world_size: int, network, compute: ComputeMode
         raise ValueError(f"the network has {network.size} nodes, the job {world_size} ranks")
     _raise_open_files_limit()
     sim = Simulator(world_size, network, compute, max_time_s=max_time_s)
+    sim_clock = SimClock(sim, time.time())
     results: list = [None] * world_size
+    elastic = uses_elastic_comm(config)
 
-    def target(rank: int) -> Callable[[], None]:
+    def comm(rank: int, generation: int):
+        if elastic:
+            return ElasticSimComm(sim, rank, generation)
+        return SimComm(sim, rank, config.comm.allreduce)
+
+    def target(rank: int, generation: int = 0) -> Callable[[], None]:
         def body():
-            results[rank] = run(config, comm_factory=lambda: SimComm(sim, rank, config.comm.allreduce))
+            sim_clock.forget(rank)
+            results[rank] = run(config, comm_factory=lambda: comm(rank, generation))
         return body
 
-    previous = clock.install(SimClock(sim, time.time()))
+    if elastic:
+        sim.respawn = target  # a restarted process rejoins (its comm's generation > 0)
+    else:
+        sim.restart_refusal = cannot_take_back(config.algorithm.name)
+    previous = clock.install(sim_clock)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # ranks run one at a time; one thread keeps every reduction's order fixed
     try:
@@ -127,9 +156,14 @@ def run_simulated(config: Config, world_size: int, network, compute: ComputeMode
     finally:
         clock.install(previous)
         torch.set_num_threads(threads)
+    killed = "; ".join(f"rank {r} killed by the injected node_crash at {t:.3f} s"
+                       for r, t in sorted(sim.crashed_at.items()))
     if sim.errors:
         rank, error = min(sim.errors.items())
-        raise RuntimeError(f"rank {rank} failed at simulated {sim.now:.3f} s: {type(error).__name__}: {error}") from error
+        raise RuntimeError(f"{killed + '; ' if killed else ''}rank {rank} failed at simulated {sim.now:.3f} s: "
+                           f"{type(error).__name__}: {error}") from error
+    if killed and not elastic:  # the others ended before the crash reached them: still a lost rank
+        raise RuntimeError(f"{killed}: {cannot_take_back(config.algorithm.name)}")
     return results
 
 

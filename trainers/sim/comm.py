@@ -89,6 +89,20 @@ class Exchange:
         self.collectives: dict[int, _Collective] = {}
         self.stalled: list[_Collective] = []  # resolved while a path it needs was down
         sim.on_network_change.append(self.retry_stalled)
+        sim.on_crash.append(self.crashed)
+
+    def crashed(self, rank: int) -> None:
+        """``rank``'s process was killed: its flows stop, and each other rank's communication fails
+        once the closed connection has reached it (one one-way delay): gloo's pairs, and the
+        collectives built on them, do not survive a peer (the crash-tolerant comm is elastic.py)."""
+        sim = self.sim
+        sim.network.cancel_flows(sim.now, lambda flow: rank in (flow.src, flow.dst))
+        for other in range(sim.world_size):
+            if other != rank:
+                error = ConnectionError(f"rank {rank} closed its connections (its process was killed at "
+                                        f"{sim.now:.3f} s): this transport cannot go on without it")
+                sim.at(sim.now + self._delay(rank, other),
+                       lambda other=other, error=error: sim.break_comm(other, error))
 
     def _delay(self, src: int, dst: int) -> float:
         return float(self.sim.network.latency_s[src, dst])

@@ -21,6 +21,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from trainers.comm import ProcessKilled
+
 
 class SimAborted(BaseException):
     """Raised in a rank's thread to unwind it when the simulation ends early (another rank
@@ -37,7 +39,7 @@ class Completion:
 
     done: bool = False
     at: Optional[float] = None
-    waiters: list = field(default_factory=list)
+    waiters: list = field(default_factory=list)  # (rank, life) of each rank waiting
     what: str = ""
 
 
@@ -70,6 +72,13 @@ class ComputeModel:
 class Simulator:
     """The event loop, the virtual clock and the ranks' threads (see the module docstring).
 
+    A rank's process can be killed (:meth:`crash`, an injected node_crash): its thread unwinds
+    at once (``ProcessKilled``), the engine never resumes it again, and the comm layers drop what
+    it had in flight (``on_crash``). :meth:`restart` starts a fresh process for the rank, a new
+    thread running ``respawn(rank, generation)``, where the job can take a rank back. Each
+    process of a rank is one *life*, numbered by its restarts (``generation``): whatever was
+    scheduled for an earlier life is ignored.
+
     Args:
         world_size: ranks.
         network: the fluid network (``start_flow``, ``advance``, ``next_completion``, ``set_link``).
@@ -91,9 +100,23 @@ class Simulator:
         self._local = threading.local()
         self._aborting = False
         self._finished: set[int] = set()
+        self._threads: list[threading.Thread] = []
         self.errors: dict[int, BaseException] = {}
         self.waiting_on: dict[int, str] = {}
         self.on_network_change: list[Callable[[], None]] = []  # called after every timed action
+        # Crashes and restarts (faults): each rank's current life (its restarts), the lives killed,
+        # when each rank was last killed, what a life's failed communication raises, what it waits
+        # on, and what is called when a rank is killed (the comm layers' exchanges).
+        self.generation = [0] * world_size
+        self._killed: set[tuple[int, int]] = set()
+        self.crashed_at: dict[int, float] = {}
+        self._broken: dict[tuple[int, int], BaseException] = {}
+        self._blocked: dict[tuple[int, int], Completion] = {}
+        self.on_crash: list[Callable[[int], None]] = []
+        # How to start a rank's process again: (rank, generation) -> its body; None: this job
+        # cannot take a rank back, for the reason in ``restart_refusal``.
+        self.respawn: Optional[Callable[[int, int], Callable[[], None]]] = None
+        self.restart_refusal = "the job cannot take a rank back"
 
     # -- scheduling (engine side) ------------------------------------------------------------
 
@@ -102,20 +125,29 @@ class Simulator:
         heapq.heappush(self._events, (max(time_s, self.now), next(self._order), action))
 
     def run(self, targets: list[Callable[[], None]], actions=()) -> None:
-        """Run every rank's ``targets[rank]`` to its end; ``actions``: (virtual s, fn(simulator))."""
-        threads = [threading.Thread(target=self._rank_main, args=(rank, target), name=f"sim-rank{rank}", daemon=True)
-                   for rank, target in enumerate(targets)]
+        """Run every rank's ``targets[rank]`` to its end; ``actions``: (virtual s, fn(simulator)).
+
+        The run ends when every rank's current process has ended: an action still due then (a
+        restart after the others finished) is not applied."""
         for time_s, action in sorted(actions, key=lambda a: a[0]):
             self.at(time_s, lambda action=action: self._apply(action))
-        for rank, thread in enumerate(threads):
-            thread.start()
-            self.at(0.0, lambda rank=rank: self._resume(rank))
+        for rank, target in enumerate(targets):
+            self._start(rank, target)
         try:
             self._loop()
         finally:
             self._abort_all()
-            for thread in threads:
+            for thread in self._threads:
                 thread.join(timeout=10)
+
+    def _start(self, rank: int, target: Callable[[], None]) -> None:
+        """A thread for the current life of ``rank``, resumed now."""
+        life = self.generation[rank]
+        thread = threading.Thread(target=self._rank_main, args=(rank, life, target),
+                                  name=f"sim-rank{rank}" + (f"-life{life}" if life else ""), daemon=True)
+        self._threads.append(thread)
+        thread.start()
+        self.at(self.now, lambda: self._resume(rank, life))
 
     def _loop(self) -> None:
         network = self.network
@@ -143,9 +175,9 @@ class Simulator:
         for retry in list(self.on_network_change):
             retry()
 
-    def _resume(self, rank: int) -> None:
-        if rank in self._finished:
-            return
+    def _resume(self, rank: int, life: int) -> None:
+        if rank in self._finished or life != self.generation[rank]:
+            return  # ended, or an earlier life's wake-up
         self.waiting_on.pop(rank, None)
         self._wake[rank].release()
         self._back.acquire()
@@ -157,16 +189,65 @@ class Simulator:
                 self._wake[rank].release()
                 self._back.acquire(timeout=10)
 
+    # -- crashes and restarts (engine side: faults) ----------------------------------------------
+
+    def alive(self, rank: int) -> bool:
+        """Whether ``rank``'s current process runs (not ended, not killed)."""
+        return rank not in self._finished
+
+    def crash(self, rank: int) -> str:
+        """Kill ``rank``'s process now, as SIGKILL does: its thread unwinds without another record,
+        the engine never resumes it, the comm layers drop its flows (``on_crash``). Returns what
+        was done, for the record."""
+        if not self.alive(rank):
+            return f"rank {rank} had already ended: nothing to kill"
+        key = (rank, self.generation[rank])
+        self._killed.add(key)
+        self.crashed_at[rank] = self.now
+        self.waiting_on.pop(rank, None)
+        blocked = self._blocked.pop(key, None)
+        if blocked is not None and key in blocked.waiters:
+            blocked.waiters.remove(key)
+        for hook in list(self.on_crash):
+            hook(rank)
+        self._wake[rank].release()  # it raises ProcessKilled where it waits and unwinds
+        self._back.acquire()
+        return f"rank {rank} killed"
+
+    def restart(self, rank: int) -> str:
+        """Start a fresh process for ``rank`` now (its restart count one more: torchrun's
+        TORCHELASTIC_RESTART_COUNT), if it is not running and the job can take it back."""
+        if self.alive(rank):
+            return f"rank {rank} still running; not restarted"
+        if self.respawn is None:
+            return f"not restarted: {self.restart_refusal}"
+        self.generation[rank] += 1
+        self._finished.discard(rank)
+        self._start(rank, self.respawn(rank, self.generation[rank]))
+        return f"rank {rank} restarted (restart {self.generation[rank]})"
+
+    def break_comm(self, rank: int, error: BaseException) -> None:
+        """From now on every wait of ``rank``'s current process for communication raises ``error``,
+        the one it is in too (a transport whose connection to a crashed peer closed)."""
+        if not self.alive(rank):
+            return
+        key = (rank, self.generation[rank])
+        self._broken.setdefault(key, error)
+        blocked = self._blocked.pop(key, None)
+        if blocked is not None and key in blocked.waiters:  # else it is done and about to resume
+            blocked.waiters.remove(key)
+            self.at(self.now, lambda: self._resume(*key))
+
     # -- the ranks' side -----------------------------------------------------------------------
 
-    def _rank_main(self, rank: int, target: Callable[[], None]) -> None:
+    def _rank_main(self, rank: int, life: int, target: Callable[[], None]) -> None:
         self._wake[rank].acquire()
-        self._local.rank = rank
+        self._local.rank, self._local.life = rank, life
         try:
-            if not self._aborting:
+            if not self._aborting and (rank, life) not in self._killed:
                 target()
                 self.settle()
-        except SimAborted:
+        except (SimAborted, ProcessKilled):
             pass
         except BaseException as error:  # noqa: BLE001 - reported by run_simulated
             self.errors[rank] = error
@@ -181,11 +262,15 @@ class Simulator:
 
     def _yield(self) -> None:
         """Hand control back to the engine until this rank is resumed."""
-        rank = self._local.rank
+        rank, life = self._local.rank, self._local.life
+        if (rank, life) in self._killed:  # unwinding a killed process: it never waits again
+            raise ProcessKilled(f"rank {rank}: its process was killed")
         self._back.release()
         self._wake[rank].acquire()
         if self._aborting:
             raise SimAborted(f"rank {rank}: the simulation ended")
+        if (rank, life) in self._killed:
+            raise ProcessKilled(f"rank {rank}: its process was killed")
 
     def sleep(self, seconds: float) -> None:
         """Spend ``seconds`` of virtual time on this rank.
@@ -204,27 +289,31 @@ class Simulator:
         if owed <= 0:
             return
         self._local.owed = 0.0
-        rank = self._local.rank
+        rank, life = self._local.rank, self._local.life
         self.waiting_on[rank] = f"computing until {self.now + owed:.6f} s"
-        self.at(self.now + owed, lambda: self._resume(rank))
+        self.at(self.now + owed, lambda: self._resume(rank, life))
         self._yield()
 
     def wait(self, completion: Completion) -> None:
-        """Block this rank until ``completion`` is done."""
+        """Block this rank until ``completion`` is done (or its communication broke: the error)."""
         self.settle()
-        rank = self._local.rank
+        key = (self._local.rank, self._local.life)
         while not completion.done:
-            completion.waiters.append(rank)
-            self.waiting_on[rank] = completion.what or "a completion"
+            if key in self._broken:
+                raise self._broken[key]
+            completion.waiters.append(key)
+            self._blocked[key] = completion
+            self.waiting_on[key[0]] = completion.what or "a completion"
             self._yield()
+            self._blocked.pop(key, None)
 
     def complete(self, completion: Completion) -> None:
         """Mark ``completion`` done now and wake its waiters (engine side, or a running rank)."""
         completion.done = True
         completion.at = self.now
         waiters, completion.waiters = completion.waiters, []
-        for rank in waiters:
-            self.at(self.now, lambda rank=rank: self._resume(rank))
+        for rank, life in waiters:
+            self.at(self.now, lambda rank=rank, life=life: self._resume(rank, life))
 
     def complete_at(self, time_s: float, completion: Completion, then: Optional[Callable[[], None]] = None) -> None:
         """Complete ``completion`` at ``time_s``, first running ``then`` (e.g. writing a result)."""
