@@ -33,12 +33,14 @@ class Deadlock(RuntimeError):
 
 @dataclass
 class Completion:
-    """Something ranks can wait for: done at a virtual time, waking whoever waits."""
+    """Something ranks can wait for: done at a virtual time, waking whoever waits and running its
+    callbacks (at once, on whichever thread completes it: the engine's, or a running rank's)."""
 
     done: bool = False
     at: Optional[float] = None
     waiters: list = field(default_factory=list)
     what: str = ""
+    callbacks: list = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -225,6 +227,9 @@ class Simulator:
         waiters, completion.waiters = completion.waiters, []
         for rank in waiters:
             self.at(self.now, lambda rank=rank: self._resume(rank))
+        callbacks, completion.callbacks = completion.callbacks, []
+        for callback in callbacks:
+            callback()
 
     def complete_at(self, time_s: float, completion: Completion, then: Optional[Callable[[], None]] = None) -> None:
         """Complete ``completion`` at ``time_s``, first running ``then`` (e.g. writing a result)."""
