@@ -51,9 +51,10 @@ class ComputeModel:
         forward_backward_s: one forward + backward (before a compute profile's ``min_compute_s``
             padding, which still applies).
         step_overhead_s: per step outside forward + backward (optimizer, copies).
-        forward_fraction: the share of ``forward_backward_s`` that is the forward pass; the rest
-            is spread over the backward pass's gradients in proportion to their sizes, so that
-            communication launched during backward overlaps what is left of it.
+        forward_fraction: the share of ``forward_backward_s`` that is the forward pass, spent layer
+            by layer as the forward runs; the rest is spread over the backward pass's gradients,
+            so that communication launched during backward overlaps what is left of it (both in
+            proportion to the layers' multiply-accumulates: ``trainers.sim.SimClock.attach``).
         source: where the numbers come from (for records).
     """
 
