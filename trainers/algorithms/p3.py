@@ -18,7 +18,12 @@ optimizer); only the transport and the schedule differ, as in the paper:
   one persistent stream per ordered pair of ranks, one message at a time in flight per
   destination, the next one the queue's highest priority (smallest (step, slice)). A slice near
   the input whose gradient is ready late overtakes the queued slices of the big layers near the
-  output; a message already handed to the transport is not recalled (as in the paper).
+  output; a message already handed to the transport is not recalled (as in the paper). There is
+  no window of several messages in flight: a pair's messages go one after another on its
+  connection anyway, and each extra one in flight is one a later slice could no longer overtake.
+  The strict order has a cost where compute is negligible: the last slice's push waits behind the
+  other slices' pulls and its own pull then takes another hop, about one message per step
+  (docs/RESULTS.md, P3).
 * **Overlap with the next forward.** The optimizer step is deferred: a forward pre-hook on each
   layer waits only for that layer's slices and applies that layer's update right before it
   runs, so later layers' slices are still arriving while earlier layers compute.
