@@ -7,8 +7,10 @@ padding then read and advance simulated time, and the algorithms' code runs unch
 Compute is the one thing a virtual clock cannot observe by reading: :func:`compute_done` says
 "the forward + backward that began at ``started`` is done"; the wall clock answers how long it
 took, a virtual clock charges its compute model's time and answers that. :func:`attach` lets a
-virtual clock spread the backward pass over the parameters' gradient hooks, so communication that
-the backward pass launches (sync's buckets, P3's slices) overlaps the rest of it as it would.
+virtual clock spread the forward pass over the layers and the backward pass over the parameters'
+gradient hooks, so communication that the backward pass launches (sync's buckets, P3's slices)
+overlaps the rest of it, and what a layer waits for in the forward pass (P3's slices) overlaps the
+layers before it, as it would.
 """
 
 from __future__ import annotations
@@ -89,5 +91,5 @@ def step_done() -> None:
 
 
 def attach(model: nn.Module) -> None:
-    """Let the clock see ``model``'s backward pass (before any algorithm registers its hooks)."""
+    """Let the clock see ``model``'s forward and backward passes (before any algorithm registers its hooks)."""
     _clock.attach(model)

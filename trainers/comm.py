@@ -20,13 +20,22 @@ threads (started in launch order, each with its own message tag), so it progress
 caller computes. ``auto``
 picks the direct exchange (one round trip) for small payloads and the ring (2(n-1)/n of the
 tensor per rank) for large ones; see :data:`DIRECT_MAX_BYTES`.
+
+:class:`MessageStreams` carries a parameter-server exchange (``p3``, ``ps_sync``): fixed-size keyed
+messages, one stream per ordered pair of ranks, sent one at a time per destination in priority or
+FIFO order, with every expected receive posted up front; background threads on gloo, events on
+the simulator (its ``_stream_driver``).
 """
 
 from __future__ import annotations
 
 import datetime
+import heapq
+import itertools
 import os
+import queue
 import threading
+from collections import deque
 from trainers import clock
 from concurrent.futures import Future, ThreadPoolExecutor
 from abc import ABC, abstractmethod
@@ -52,6 +61,9 @@ DIRECT_MAX_BYTES = 64 * 2**20
 # number of distinct message tags they cycle through (far more than can be in flight).
 BACKGROUND_THREADS = 4
 BACKGROUND_TAGS = 1024
+# The background tag of :class:`MessageStreams`' messages: past those the all-reduces cycle through.
+STREAM_TAG = BACKGROUND_TAGS
+STREAM_KEY_BYTES = 8  # each stream message starts with its key, one int64
 OPS = ("all_reduce", "broadcast", "all_gather", "send", "recv", "isend", "irecv", "barrier", "external")
 
 
@@ -340,6 +352,14 @@ class Comm(ABC):
         """The background all-reduce's receive (see :meth:`_isend_background`)."""
         raise NotImplementedError(f"{type(self).__name__} has no tagged point-to-point for allreduce_async")
 
+    def _stream_driver(self) -> "ThreadedStreamDriver":
+        """What runs :class:`MessageStreams`' background work on this comm: threads over the tagged
+        point-to-point messages of the background all-reduce (the simulator has its own)."""
+        if type(self)._isend_background is Comm._isend_background:
+            raise NotImplementedError(f"{type(self).__name__} has no tagged point-to-point messages, which message "
+                                      "streams (p3, ps_sync) need: use comm backend gloo")
+        return ThreadedStreamDriver(self)
+
     def _ring(self, flat: torch.Tensor, op: ReduceOp, tag: int) -> None:
         n = self.world_size
         chunks = list(torch.tensor_split(flat, n))
@@ -457,6 +477,203 @@ class Comm(ABC):
             self.stats.bytes_sent += sent
             self.stats.bytes_recv += recv
             self.stats.blocked_s += blocked_s
+
+
+class ThreadedStreamDriver:
+    """Runs :class:`MessageStreams`' background work on threads: one per peer and direction, each
+    waiting for its operations in the order they were started (a pair's messages arrive in the
+    order sent) and then running their callbacks under :attr:`lock`. The simulator's driver
+    (``trainers.sim.comm``) runs the same callbacks as events on the virtual clock.
+
+    Args:
+        comm: the comm whose ``_isend_background`` / ``_irecv_background`` carry the messages.
+    """
+
+    def __init__(self, comm: Comm):
+        self.comm = comm
+        self.lock = threading.RLock()
+        self._changed = threading.Condition(self.lock)
+        self._workers: dict[tuple[str, int], tuple[queue.SimpleQueue, threading.Thread]] = {}
+        self.error: Optional[BaseException] = None
+
+    def enter(self) -> None:
+        """Called first by every :class:`MessageStreams` method, on the rank's thread (nothing to do
+        here; a simulated rank first catches up with virtual time)."""
+
+    def send(self, message: torch.Tensor, dst: int, on_done: Callable[[], None]) -> None:
+        """Start sending ``message``; ``on_done()`` once it is handed to the transport."""
+        wait_fn, _ = self.comm._isend_background(message, dst, STREAM_TAG)
+        self._after(("send", dst), wait_fn, on_done)
+
+    def recv(self, buffer: torch.Tensor, src: int, on_done: Callable[[], None]) -> None:
+        """Post a receive into ``buffer``; ``on_done()`` once a message arrived in it."""
+        wait_fn, _ = self.comm._irecv_background(buffer, src, STREAM_TAG)
+        self._after(("recv", src), wait_fn, on_done)
+
+    def notify(self) -> None:
+        """Wake :meth:`wait` to look again (called with the lock held)."""
+        self._changed.notify_all()
+
+    def wait(self, predicate: Callable[[], bool]) -> None:
+        """Block until ``predicate()`` (evaluated under the lock) holds; a worker's error is raised here."""
+        with self.lock:
+            while True:
+                if self.error is not None:
+                    raise RuntimeError(f"rank {self.comm.rank}: a message stream failed: {self.error}") from self.error
+                if predicate():
+                    return
+                self._changed.wait()
+
+    def close(self) -> None:
+        """End the worker threads (after their queued operations)."""
+        for work, _ in self._workers.values():
+            work.put(None)
+        for _, thread in self._workers.values():
+            thread.join(timeout=10)
+        self._workers = {}
+
+    def _after(self, key: tuple[str, int], wait_fn: Callable, on_done: Callable[[], None]) -> None:
+        if key not in self._workers:
+            work: queue.SimpleQueue = queue.SimpleQueue()
+            thread = threading.Thread(target=self._work, args=(work,), daemon=True,
+                                      name=f"stream-{key[0]}-{key[1]}-rank{self.comm.rank}")
+            self._workers[key] = (work, thread)
+            thread.start()
+        self._workers[key][0].put((wait_fn, on_done))
+
+    def _work(self, work: queue.SimpleQueue) -> None:
+        while (item := work.get()) is not None:
+            wait_fn, on_done = item
+            try:
+                wait_fn()
+                with self.lock:
+                    on_done()
+            except BaseException as error:  # noqa: BLE001 - raised on the rank's thread by wait()
+                with self.lock:
+                    self.error = self.error or error
+                    self._changed.notify_all()
+                return
+
+
+class MessageStreams:
+    """Keyed messages of one fixed size between every pair of ranks, over one stream per ordered
+    pair: the transport of a parameter-server exchange (``p3``, ``ps_sync``).
+
+    Sending: each destination has a queue, and one message at a time is in flight to it (handed to
+    the transport and waited for); the next is the queue's first by ``order``: ``priority`` (the
+    smallest ``priority`` first, ties in put order: a message put later with a smaller priority
+    overtakes the queued ones, never the one in flight, as in P3) or ``fifo`` (put order).
+    Receiving: the caller says how many messages it expects from each source (:meth:`expect`) and
+    their receives are posted at once, so no message waits for its receiver's "ready" notice; a
+    stream delivers in order, so each receive is handed to ``on_message`` as it arrives, whatever
+    its key. A message names itself (its key, the first 8 bytes): no flags or probes cross the wire.
+
+    ``on_message(src, key, payload)`` runs under :attr:`lock` (on a receiving thread, or as an
+    event in the simulator) and may :meth:`put`; the payload is valid only during the call. A put
+    to this rank itself calls it at once. Every other method runs on the rank's own thread.
+
+    Accounting: a message's bytes (payload and key) under ``isend`` when it is handed to the
+    transport and under ``irecv`` when it arrives; time in :meth:`wait_until` is blocked time.
+
+    Args:
+        comm: the comm layer (gloo's tagged point-to-point on threads, or the simulator's).
+        payload_numel: elements of every message's payload.
+        dtype: the payloads' dtype.
+        on_message: the receiving side's callback (above).
+        order: ``priority`` | ``fifo``.
+        log_size: how many of the latest sends :attr:`sent` keeps, as (destination, key).
+    """
+
+    def __init__(self, comm: Comm, payload_numel: int, dtype: torch.dtype,
+                 on_message: Callable[[int, int, torch.Tensor], None], order: str = "priority",
+                 log_size: int = 100_000):
+        if order not in ("priority", "fifo"):
+            raise ValueError(f"order: {order!r} is not one of ('priority', 'fifo')")
+        if payload_numel < 1:
+            raise ValueError(f"payload_numel: must be >= 1, got {payload_numel}")
+        self.comm = comm
+        self.driver = comm._stream_driver()
+        self.lock = self.driver.lock
+        self.payload_numel = payload_numel
+        self.dtype = dtype
+        self.message_bytes = STREAM_KEY_BYTES + payload_numel * torch.empty(0, dtype=dtype).element_size()
+        self.on_message = on_message
+        self.order = order
+        peers = [r for r in range(comm.world_size) if r != comm.rank]
+        self._queues: dict[int, list] = {peer: [] for peer in peers}
+        self._in_flight: dict[int, bool] = {peer: False for peer in peers}
+        self._put_order = itertools.count()
+        self._free: list[torch.Tensor] = []  # receive buffers whose message was handed on
+        self.sent: deque = deque(maxlen=log_size)  # (destination, key), in the order handed to the transport
+
+    def put(self, destinations: list[int], key: int, payload: torch.Tensor, priority=0) -> None:
+        """Queue ``payload`` (``payload_numel`` elements; copied now) under ``key`` for each destination."""
+        self.driver.enter()
+        payload = payload.detach().reshape(-1)
+        if payload.numel() != self.payload_numel or payload.dtype != self.dtype:
+            raise ValueError(f"payload: need {self.payload_numel} elements of {self.dtype}, "
+                             f"got {payload.numel()} of {payload.dtype}")
+        message = None
+        with self.lock:
+            for dst in destinations:
+                if dst == self.comm.rank:
+                    self.on_message(dst, key, payload)
+                    continue
+                if message is None:
+                    message = torch.empty(self.message_bytes, dtype=torch.uint8)
+                    message[:STREAM_KEY_BYTES].view(torch.int64)[0] = key
+                    message[STREAM_KEY_BYTES:].view(self.dtype).copy_(payload)
+                rank = (priority, next(self._put_order)) if self.order == "priority" else (next(self._put_order),)
+                heapq.heappush(self._queues[dst], (rank, key, message))
+                self._start_next(dst)
+
+    def expect(self, src: int, count: int) -> None:
+        """Post ``count`` receives from ``src`` (after those already posted)."""
+        self.driver.enter()
+        with self.lock:
+            for _ in range(count):
+                buffer = self._free.pop() if self._free else torch.empty(self.message_bytes, dtype=torch.uint8)
+                self.driver.recv(buffer, src, lambda buffer=buffer: self._arrived(src, buffer))
+
+    def wait_until(self, predicate: Callable[[], bool]) -> None:
+        """Block until ``predicate()`` holds (evaluated under the lock, again after every message
+        that arrived or left); accounted as blocked time."""
+        self.driver.enter()
+        started = clock.perf_counter()
+        try:
+            self.driver.wait(predicate)
+        finally:
+            self.comm._account("irecv", 0, 0, clock.perf_counter() - started, calls=0)
+
+    def idle(self) -> bool:
+        """Whether nothing is queued or in flight to any destination (call under the lock)."""
+        return not any(self._queues.values()) and not any(self._in_flight.values())
+
+    def close(self) -> None:
+        """Wait until every queued message is handed to the transport, then stop the background work."""
+        self.wait_until(self.idle)
+        self.driver.close()
+
+    def _start_next(self, dst: int) -> None:
+        if self._in_flight[dst] or not self._queues[dst]:
+            return
+        _, key, message = heapq.heappop(self._queues[dst])
+        self._in_flight[dst] = True
+        self.sent.append((dst, key))
+        self.comm._account("isend", self.message_bytes, 0, 0.0)
+        self.driver.send(message, dst, lambda: self._handed_over(dst))
+
+    def _handed_over(self, dst: int) -> None:
+        self._in_flight[dst] = False
+        self._start_next(dst)
+        self.driver.notify()
+
+    def _arrived(self, src: int, buffer: torch.Tensor) -> None:
+        self.comm._account("irecv", 0, self.message_bytes, 0.0)
+        key = int(buffer[:STREAM_KEY_BYTES].view(torch.int64)[0])
+        self.on_message(src, key, buffer[STREAM_KEY_BYTES:].view(self.dtype))
+        self._free.append(buffer)
+        self.driver.notify()
 
 
 def _max_(target: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
@@ -610,6 +827,12 @@ class TorchComm(Comm):
 
     def _irecv_background(self, tensor, src, tag):
         return self._irecv(tensor, src, tag=BACKGROUND_TAG_BASE + tag)
+
+    def _stream_driver(self) -> ThreadedStreamDriver:
+        if self.backend == "nccl":  # its point-to-point calls are not safe from a second thread
+            raise NotImplementedError("message streams (p3, ps_sync) send from background threads, which NCCL "
+                                      "does not allow: use comm backend gloo (CUDA tensors are staged through the CPU)")
+        return super()._stream_driver()
 
     def _irecv_any(self, tensor, sources=None):
         payload, copy_back = self._staged(tensor)

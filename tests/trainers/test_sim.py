@@ -11,7 +11,8 @@ import torch
 from emulator.simnet import FluidNetwork
 from tests.trainers.conftest import BASE_CONFIG, merge, records, run_sessions
 from trainers.loading import load_config
-from trainers.sim import ComputeModel, Deadlock, SimComm, Simulator, run_simulated
+from trainers import clock
+from trainers.sim import ComputeModel, Deadlock, SimClock, SimComm, Simulator, layer_macs, run_simulated
 
 MB = 1e6
 
@@ -289,3 +290,39 @@ def test_sync_fails_at_the_crash_with_the_crash_named_and_is_not_restarted(tmp_p
     # the first survivor to fail is one whose FIN arrived first (the nearest), at the crash + that delay
     assert failed and failed[0]["time_s"] == pytest.approx(0.5 + min(net.latency_s[2, r] for r in (0, 1, 3)), abs=1e-6)
     assert all(r["kind"] != "status" for r in records(tmp_path / "sync", 2))
+
+
+def test_multiply_accumulates_of_a_conv_and_a_linear_layer():
+    conv, linear = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Linear(512, 10)
+    image = conv(torch.zeros(2, 3, 8, 8))
+    # each kernel element once per output pixel, each bias once per output element
+    assert layer_macs(conv, list(conv.parameters()), image) == 8 * 3 * 9 * (2 * 8 * 8) + 2 * 8 * 8 * 8
+    assert layer_macs(linear, list(linear.parameters()), linear(image.flatten(1))) == 512 * 10 * 2 + 2 * 10
+
+
+def test_the_forward_pass_spends_its_time_layer_by_layer_by_multiply_accumulates():
+    """From the second step on, a layer's share of the forward pass is spent as it ends, so what
+    waits before a later layer (P3's per-layer wait) overlaps the earlier layers' compute. Here the
+    conv layer holds 14,336 of the 19,466 multiply-accumulates per image, the linear layer most of
+    the parameters."""
+    sim = Simulator(1, network(1), ComputeModel(1.0, forward_fraction=0.5))
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Flatten(), torch.nn.Linear(512, 10))
+    reached_linear = []
+    model[2].register_forward_pre_hook(lambda module, inputs: reached_linear.append(clock.perf_counter()))
+    sim_clock = SimClock(sim, 0.0)
+    previous = clock.install(sim_clock)
+
+    def body():
+        sim_clock.attach(model)
+        for _ in range(2):
+            started = clock.perf_counter()
+            model(torch.zeros(2, 3, 8, 8)).sum().backward()
+            clock.compute_done(started)
+
+    try:
+        sim.run([body])
+    finally:
+        clock.install(previous)
+    # the first forward only measures (its share is spent with the first gradient)
+    assert reached_linear == pytest.approx([0.0, 1.0 + 0.5 * 14_336 / 19_466])
+    assert sim.now == pytest.approx(2.0)

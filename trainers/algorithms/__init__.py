@@ -17,6 +17,7 @@ from trainers.algorithms.eawild import EAWild
 from trainers.algorithms.dpsgd import DPSGD
 from trainers.algorithms.local_sgd import LocalSGD
 from trainers.algorithms.p3 import P3
+from trainers.algorithms.ps_sync import PSSync
 from trainers.algorithms.quantized import Quantized
 from trainers.algorithms.sync import Sync
 from trainers.algorithms.swarmsgd import SwarmSGD
@@ -28,6 +29,7 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
     DTS.name: DTS,
     DiLoCo.name: DiLoCo,
     P3.name: P3,
+    PSSync.name: PSSync,
     AsyncPS.name: AsyncPS,
     EASGD.name: EASGD,
     EAWild.name: EAWild,

@@ -1,34 +1,51 @@
-"""`p3`: Priority-based Parameter Propagation (Jayarajan et al., SysML 2019), over all-reduce.
+"""`p3`: Priority-based Parameter Propagation (Jayarajan et al., SysML 2019) on a sharded parameter server.
 
 Same math as `sync` (every step applies the gradient averaged over all ranks, with the configured
-optimizer); only the schedule differs:
+optimizer); only the transport and the schedule differ, as in the paper:
 
-* Parameters are cut into slices of at most ``slice_elements`` elements (P3's MXNet code uses
-  40,000). Each slice has a priority: the earlier its layer runs in the forward pass, the higher
-  (the order is recorded during the first forward pass; layers never called come last).
-* During backward, a slice becomes ready when its parameter's gradient is accumulated; at most
-  ``max_in_flight`` asynchronous all-reduces (one slice each) run at a time, and whenever one more
-  may start, the highest-priority ready slice goes next, so a layer near the input that becomes
-  ready late overtakes the queued slices of layers near the output.
-* The optimizer step is deferred to the next forward pass: a forward pre-hook on each layer waits
-  only for that layer's slices and applies that layer's update right before the layer runs, so
-  the slices of later layers are still moving while earlier layers compute.
+* **Slices.** The trainable parameters, concatenated in the order the first forward pass calls
+  their layers, are cut into slices of ``slice_elements`` (P3's code uses 40,000). Slice ``k``'s
+  priority is ``k``: the next forward pass needs the input layer's slices first. Every slice is
+  the same size (the last one padded), so every message is the same size: a receiver can post
+  all of a step's receives up front without knowing which slice comes next, and a layer smaller
+  than a slice shares one with its neighbours instead of costing a message of its own.
+* **Sharded parameter server on the workers**, as MXNet's KVStore that P3 was built on: slice
+  ``k`` is owned by rank ``k mod n``. When backward has produced a slice's gradient, the rank
+  queues a PUSH of it to the owner; the owner sums the n contributions in rank order (its own
+  included), averages, and queues the averaged slice to every other rank (PULL). Each rank sends
+  and receives about 2(n-1)/n of the model per step, as a ring all-reduce does.
+* **Priority queues with preemption.** Messages travel on :class:`trainers.comm.MessageStreams`:
+  one persistent stream per ordered pair of ranks, one message at a time in flight per
+  destination, the next one the queue's highest priority (smallest (step, slice)). A slice near
+  the input whose gradient is ready late overtakes the queued slices of the big layers near the
+  output; a message already handed to the transport is not recalled (as in the paper). There is
+  no window of several messages in flight: a pair's messages go one after another on its
+  connection anyway, and each extra one in flight is one a later slice could no longer overtake.
+  The strict order has a cost where compute is negligible: the last slice's push waits behind the
+  other slices' pulls and its own pull then takes another hop, about one message per step
+  (docs/RESULTS.md, P3).
+* **Overlap with the next forward.** The optimizer step is deferred: a forward pre-hook on each
+  layer waits only for that layer's slices and applies that layer's update right before it
+  runs, so later layers' slices are still arriving while earlier layers compute.
 
-Every rank must issue the same all-reduces in the same order, but hooks fire at different times on
-different ranks. So the choice of what operation ``n`` carries depends only on data all ranks
-share: each all-reduce also carries this rank's per-parameter "gradient ready" flags (summed, they
-say which parameters are ready on every rank), and operation ``n`` sends the highest-priority
-unsent slice that was ready everywhere according to operation ``n - max_in_flight``. When no such
-slice exists yet, operation ``n`` is a probe that carries only the flags. Timing only decides
-*when* a rank launches operation ``n``, never *what* it carries.
+No collective per slice and no readiness flags: a message names itself (its key encodes the step,
+PUSH or PULL, and the slice), and every (slice, source) pair is known, so each rank posts a
+step's receives from each peer at the start of that step (pushes of the slices it owns, pulls of
+the slices the peer owns). An earlier version sent each slice as its own all-reduce plus "probe"
+all-reduces carrying readiness flags (so that every rank issued the same collectives): 0.35-0.94x
+of sync on the emulator (docs/RESULTS.md).
+
+`ps_sync` (``ps_sync.py``) is this exchange without priority: the same streams and shards, FIFO
+order, DDP-style buckets, every layer updated before the forward pass; the baseline that isolates
+prioritisation.
 
 Assumptions: each parameter is read by the forward of the module that owns it (true for the
-models in trainers/models.py); all trainable parameters share a dtype. Other collectives (buffer
-broadcast, evaluation) run only when no slice is in flight, so they stay in step on all ranks.
+models in trainers/models.py); all trainable parameters share a dtype. Transport: gloo (CUDA
+tensors staged through the CPU) or the simulator; TcpComm has no tagged messages and NCCL no
+point-to-point from background threads, so both are refused when the streams open.
 """
 
 from __future__ import annotations
-
 
 from dataclasses import dataclass, field
 from typing import Optional
@@ -36,93 +53,85 @@ from typing import Optional
 import torch
 from torch import nn
 
-from trainers.algorithms.base import Algorithm, AlgorithmContext, StepResult
 from trainers import clock
-from trainers.comm import Work
+from trainers.algorithms.base import Algorithm, AlgorithmContext, StepResult
+from trainers.comm import MessageStreams
 from trainers.config import require_int
+
+PUSH, PULL = 0, 1
 
 
 @dataclass
 class P3Params:
-    """Args: slice_elements: elements per slice (P3's default 40,000); max_in_flight: asynchronous
-    all-reduces running at once (the preemption window); broadcast_buffers: copy rank 0's buffers
-    (BatchNorm statistics) to all ranks every step, as `sync` does (here after the forward pass)."""
+    """Args: slice_elements: elements per slice and message (P3's default 40,000); broadcast_buffers:
+    copy rank 0's buffers (BatchNorm statistics) to all ranks every step, as `sync` does (here
+    after the forward pass)."""
 
     slice_elements: int = 40_000
-    max_in_flight: int = 2
     broadcast_buffers: bool = True
 
     def __post_init__(self) -> None:
         require_int("slice_elements", self.slice_elements, minimum=1)
-        require_int("max_in_flight", self.max_in_flight, minimum=1)
 
 
 @dataclass
 class _Slice:
-    """Elements [start, stop) of parameter ``param_index`` (flattened); its id is its priority."""
+    """Elements [start, start + numel) of the forward-ordered concatenation of the parameters.
 
-    param_index: int
-    start: int
-    stop: int
-
-
-@dataclass
-class _Op:
-    """One launched all-reduce: ``slice_id`` None for a probe."""
-
-    index: int
-    slice_id: Optional[int]
-    buffer: torch.Tensor
-    work: Work
-
-
-@dataclass
-class P3Round:
-    """Exchange of one step's gradients, from backward until every layer applied its update.
-
-    Args:
-        ready: this rank's per-parameter flags (1.0 once its gradient is accumulated).
-        consensus: per operation index, which parameters its summed flags showed ready on every rank.
-        in_flight: launched operations not yet retired, oldest first.
-        next_op: index of the next operation to launch.
-        sent / done: slice ids launched / reduced.
-        applied: per layer, whether its update was applied.
+    segments: (param_index, first element in the parameter, end, offset in the slice).
     """
 
-    ready: torch.Tensor
-    consensus: dict[int, list[bool]] = field(default_factory=dict)
-    in_flight: list[_Op] = field(default_factory=list)
-    next_op: int = 0
-    sent: set[int] = field(default_factory=set)
-    done: set[int] = field(default_factory=set)
-    applied: list[bool] = field(default_factory=list)
+    start: int
+    numel: int
+    owner: int
+    segments: list[tuple[int, int, int, int]] = field(default_factory=list)
+
+
+@dataclass
+class _Owned:
+    """The owner's side of one slice: contributions of the step being summed (one row per rank)."""
+
+    contributions: torch.Tensor
+    count: int = 0
+    step: int = -1
 
 
 @dataclass
 class P3State:
-    """round: the exchange in progress (None between a flush and the next backward); rounds: steps
-    whose updates were applied; probes: operations that carried only flags; forward_order: layer
-    indices in the order the first forward pass called them."""
+    """round: the step whose exchange is in progress (None between a flush and the next backward);
+    rounds: steps whose updates were applied; forward_order: layer indices in the order the
+    first forward pass called them; waiting_left: per slice, parameters whose gradient this step
+    has not produced yet; gradient_ready: per parameter, whether it has; done: per slice, whether this step's average is in ``reduced``;
+    applied: per layer, whether this step's update was applied."""
 
-    round: Optional[P3Round] = None
+    round: Optional[int] = None
     rounds: int = 0
-    probes: int = 0
     forward_order: list[int] = field(default_factory=list)
+    waiting_left: list[int] = field(default_factory=list)
+    gradient_ready: list[bool] = field(default_factory=list)
+    done: list[bool] = field(default_factory=list)
+    applied: list[bool] = field(default_factory=list)
 
 
 class P3(Algorithm):
-    """Synchronous data parallelism with sliced, prioritised, backward- and forward-overlapped all-reduce."""
+    """Synchronous data parallelism through a sharded parameter server: sliced, prioritised,
+    overlapped with backward and with the next forward pass."""
 
     name = "p3"
     Params = P3Params
+    # The schedule (ps_sync overrides all three): message order on the streams, whether a layer
+    # waits only for its own slices in the next forward (else every layer is updated before it).
+    order = "priority"
+    per_layer = True
 
-    def __init__(self, params: P3Params, ctx: AlgorithmContext):
+    def __init__(self, params, ctx: AlgorithmContext):
         super().__init__(params, ctx)
         self.state = P3State()
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
         dtypes = {p.dtype for p in self.trainable}
         if len(dtypes) > 1:
-            raise ValueError(f"p3 needs one dtype for all trainable parameters, got {sorted(map(str, dtypes))}")
+            raise ValueError(f"{self.name} needs one dtype for all trainable parameters, got {sorted(map(str, dtypes))}")
+        self.dtype = self.trainable[0].dtype
         index_of = {id(p): i for i, p in enumerate(self.trainable)}
         # A layer is a module that directly owns trainable parameters (first owner wins if tied).
         self.layers: list[nn.Module] = []
@@ -135,12 +144,15 @@ class P3(Algorithm):
                 claimed.update(owned)
                 self.layers.append(module)
                 self.layer_params.append(owned)
-        self.layer_of_param = {i: layer for layer, owned in enumerate(self.layer_params) for i in owned}
         # Optimizer state is per parameter, so one optimizer per layer gives the same math as one for all.
         self.layer_optimizers = [self.make_optimizer([self.trainable[i] for i in owned]) for owned in self.layer_params]
         self.reduced = [torch.zeros_like(p) for p in self.trainable]
         self.slices: list[_Slice] = []
         self.slices_of_layer: list[list[int]] = []
+        self.slices_of_param: list[list[int]] = []
+        self.owned: dict[int, _Owned] = {}
+        self.owned_by: list[int] = []  # slices per rank
+        self.streams: Optional[MessageStreams] = None
         self._buffers = list(self.model.buffers())
         self._recording_order = False
         self._handles = [layer.register_forward_pre_hook(self._make_pre_hook(i)) for i, layer in enumerate(self.layers)]
@@ -155,33 +167,35 @@ class P3(Algorithm):
                 group["lr"] = lr
 
     def train_step(self, step: int, batch: tuple) -> StepResult:
-        if self.state.round is None:
+        first = self.streams is None
+        if first:
             for param in self.trainable:
                 if param.grad is not None:
                     param.grad.zero_()
-        # Otherwise .grad still holds last step's local gradients, some not yet sent; each layer's are
-        # zeroed when its update is applied, so all are zero before this step's backward.
-        self._recording_order = not self.slices
+        else:
+            # .grad still holds last step's local gradients; each layer's are zeroed when its update
+            # is applied, so all are zero before this step's backward.
+            self._expect_round()  # this step's receives, before the forward pass: nothing waits for them
+            if not self.per_layer:
+                self.flush()
+        self._recording_order = first
         started = clock.perf_counter()
         loss = self.ctx.loss_fn(self.model, batch)  # pre-hooks apply last step's updates layer by layer
         self._recording_order = False
         self.flush()  # layers the forward pass did not call
-        if not self.slices:
-            self._build_slices()
+        if first:
+            self._open()
+            self._expect_round()
         if self.params.broadcast_buffers and self._buffers:
             self.broadcast_tensors(self._buffers, src=0)
-        self.state.round = P3Round(
-            ready=torch.zeros(len(self.trainable), dtype=self.trainable[0].dtype, device=self.trainable[0].device),
-            applied=[False] * len(self.layers),
-        )
-        loss.backward()  # gradient hooks mark parameters ready and launch slices
-        self.pad_compute(started)  # a compute profile's step time; the slices in flight overlap it
+        self._begin_round()
+        loss.backward()  # gradient hooks push the slices whose gradients are complete
+        self.pad_compute(started)  # a compute profile's step time; the messages in flight overlap it
         for i, param in enumerate(self.trainable):
-            if self.state.round.ready[i] == 0:  # not used by this batch: reduce a zero gradient, as sync does
+            if self._waiting_for(i):  # not used by this batch: push a zero gradient, as sync does
                 if param.grad is None:
                     param.grad = torch.zeros_like(param)
-                self.state.round.ready[i] = 1.0
-        self._pump()
+                self._gradient_ready(i)
         return StepResult(loss=loss.item())
 
     def deployable_model(self) -> nn.Module:
@@ -191,15 +205,18 @@ class P3(Algorithm):
 
     def finish(self) -> None:
         self.flush()
+        if self.streams is not None:
+            self.streams.close()  # every message handed over: peers may still be receiving them
+            self.streams = None
 
     def flush(self) -> None:
-        """Finish the exchange in progress and apply every layer's update (all ranks call it together)."""
-        current = self.state.round
-        if current is None:
+        """Wait for this step's averages and apply every layer's update not yet applied."""
+        if self.state.round is None:
             return
+        done = self.state.done
+        self.streams.wait_until(lambda: all(done))
         for layer in range(len(self.layers)):
             self._apply_layer(layer)
-        self._wait_until(lambda: not current.in_flight)
         self.state.round = None
         self.state.rounds += 1
 
@@ -209,38 +226,127 @@ class P3(Algorithm):
         def pre_hook(module, inputs):
             if self._recording_order and layer not in self.state.forward_order:
                 self.state.forward_order.append(layer)
-            self._apply_layer(layer)
+            if self.per_layer:
+                self._apply_layer(layer)
 
         return pre_hook
 
     def _make_grad_hook(self, param_index: int):
         def grad_hook(param):
-            current = self.state.round
-            if current is not None and current.ready[param_index] == 0:
-                current.ready[param_index] = 1.0
-                self._pump()
+            if self._waiting_for(param_index):
+                self._gradient_ready(param_index)
 
         return grad_hook
 
-    # -- schedule -------------------------------------------------------------------------------
+    # -- the exchange ---------------------------------------------------------------------------
 
-    def _build_slices(self) -> None:
+    def _open(self) -> None:
+        """Cut the slices (forward order, recorded by the first forward pass) and open the streams."""
+        n, rank, size = self.comm.world_size, self.comm.rank, self.params.slice_elements
         order = self.state.forward_order + [i for i in range(len(self.layers)) if i not in self.state.forward_order]
+        params_in_order = [i for layer in order for i in self.layer_params[layer]]
+        total = sum(self.trainable[i].numel() for i in params_in_order)
+        self.slices = [_Slice(start, min(size, total - start), owner=k % n)
+                       for k, start in enumerate(range(0, total, size))]
+        self.owned_by = [sum(1 for piece in self.slices if piece.owner == r) for r in range(n)]
+        self.slices_of_param = [[] for _ in self.trainable]
+        offset = 0
+        for i in params_in_order:
+            numel = self.trainable[i].numel()
+            for k in range(offset // size, (offset + numel - 1) // size + 1 if numel else 0):
+                piece = self.slices[k]
+                lo, hi = max(offset, piece.start), min(offset + numel, piece.start + piece.numel)
+                piece.segments.append((i, lo - offset, hi - offset, lo - piece.start))
+                self.slices_of_param[i].append(k)
+            offset += numel
+        layer_of = {i: layer for layer, owned in enumerate(self.layer_params) for i in owned}
         self.slices_of_layer = [[] for _ in self.layers]
-        for layer in order:
-            for param_index in self.layer_params[layer]:
-                numel = self.trainable[param_index].numel()
-                for start in range(0, numel, self.params.slice_elements):
-                    self.slices_of_layer[layer].append(len(self.slices))
-                    self.slices.append(_Slice(param_index, start, min(start + self.params.slice_elements, numel)))
+        for k, piece in enumerate(self.slices):
+            for layer in dict.fromkeys(layer_of[i] for i, *_ in piece.segments):
+                self.slices_of_layer[layer].append(k)
+        self.owned = {k: _Owned(torch.zeros(n, size, dtype=self.dtype))
+                      for k, piece in enumerate(self.slices) if piece.owner == rank}
+        self.streams = MessageStreams(self.comm, size, self.dtype, self._on_message, order=self.order)
+
+    def _expect_round(self) -> None:
+        """Post one step's receives: from each peer, a push of every slice this rank owns and a
+        pull of every slice that peer owns."""
+        for src in range(self.comm.world_size):
+            if src != self.comm.rank:
+                self.streams.expect(src, self.owned_by[self.comm.rank] + self.owned_by[src])
+
+    def _begin_round(self) -> None:
+        self.state.round = self.state.rounds
+        self.state.waiting_left = [len(piece.segments) for piece in self.slices]
+        self.state.gradient_ready = [False] * len(self.trainable)
+        self.state.done = [False] * len(self.slices)
+        self.state.applied = [False] * len(self.layers)
+
+    def _waiting_for(self, param_index: int) -> bool:
+        """Whether this step's exchange waits for ``param_index``'s gradient."""
+        return self.state.round is not None and not self.state.gradient_ready[param_index]
+
+    def _gradient_ready(self, param_index: int) -> None:
+        self.state.gradient_ready[param_index] = True
+        for k in self.slices_of_param[param_index]:
+            self.state.waiting_left[k] -= 1
+            if self.state.waiting_left[k] == 0:
+                self._slice_ready(k)
+
+    def _slice_ready(self, k: int) -> None:
+        """Slice ``k``'s gradient is complete on this rank: push it to its owner (ps_sync buckets)."""
+        self._push(k)
+
+    def _push(self, k: int) -> None:
+        piece = self.slices[k]
+        payload = torch.zeros(self.params.slice_elements, dtype=self.dtype)
+        for i, lo, hi, at in piece.segments:
+            payload[at : at + hi - lo].copy_(self.trainable[i].grad.detach().reshape(-1)[lo:hi])
+        self.streams.put([piece.owner], self._key(self.state.round, PUSH, k), payload, priority=(self.state.round, k))
+
+    def _key(self, step: int, kind: int, k: int) -> int:
+        return (2 * step + kind) * len(self.slices) + k
+
+    def _on_message(self, src: int, key: int, payload: torch.Tensor) -> None:
+        """A push to this owner, or a pull from a slice's owner (under the streams' lock)."""
+        step, k = divmod(key, len(self.slices))
+        step, kind = divmod(step, 2)
+        piece = self.slices[k]
+        if kind == PULL:
+            if step != self.state.round or self.state.done[k]:
+                raise RuntimeError(f"{self.name}: rank {self.comm.rank} got slice {k} of step {step} from rank {src} "
+                                   f"during step {self.state.round} (schedule bug)")
+            self._slice_done(k, payload)
+            return
+        owned = self.owned[k]
+        if owned.count and owned.step != step:
+            raise RuntimeError(f"{self.name}: rank {self.comm.rank} got step {step}'s push of slice {k} from rank {src} "
+                               f"while summing step {owned.step}'s (schedule bug)")
+        owned.step = step
+        owned.contributions[src].copy_(payload)
+        owned.count += 1
+        if owned.count < self.comm.world_size:
+            return
+        owned.count = 0
+        average = owned.contributions[0].clone()
+        for row in owned.contributions[1:]:  # in rank order: the same bits whatever the arrival order
+            average.add_(row)
+        average.div_(self.comm.world_size)
+        self._slice_done(k, average)
+        others = [r for r in range(self.comm.world_size) if r != self.comm.rank]
+        self.streams.put(others, self._key(step, PULL, k), average, priority=(step, k))
+
+    def _slice_done(self, k: int, average: torch.Tensor) -> None:
+        for i, lo, hi, at in self.slices[k].segments:
+            self.reduced[i].view(-1)[lo:hi].copy_(average[at : at + hi - lo])
+        self.state.done[k] = True
 
     def _apply_layer(self, layer: int) -> None:
-        """Wait for this layer's slices, then take its optimizer step (once per round)."""
-        current = self.state.round
-        if current is None or current.applied[layer]:
+        """Wait for this layer's slices, then take its optimizer step (once per step)."""
+        if self.state.round is None or self.state.applied[layer]:
             return
-        wanted = self.slices_of_layer[layer]
-        self._wait_until(lambda: all(s in current.done for s in wanted))
+        wanted, done = self.slices_of_layer[layer], self.state.done
+        self.streams.wait_until(lambda: all(done[k] for k in wanted))
         with torch.no_grad():
             for param_index in self.layer_params[layer]:
                 param = self.trainable[param_index]
@@ -250,65 +356,4 @@ class P3(Algorithm):
             self.layer_optimizers[layer].step()
             for param_index in self.layer_params[layer]:
                 self.trainable[param_index].grad.zero_()
-        current.applied[layer] = True
-        self._pump()  # keep later layers' slices moving while this layer computes
-
-    def _wait_until(self, condition) -> None:
-        current = self.state.round
-        while True:
-            self._pump()
-            if condition():
-                return
-            if not current.in_flight:
-                raise RuntimeError("p3: waiting for slices but nothing is in flight (schedule bug)")
-            self._retire(current.in_flight[0], block=True)
-
-    def _pump(self) -> None:
-        """Retire finished operations and launch as many as the window allows, without blocking."""
-        current = self.state.round
-        if current is None:
-            return
-        for op in list(current.in_flight):
-            self._retire(op, block=False)
-        while len(current.in_flight) < self.params.max_in_flight and len(current.sent) < len(self.slices):
-            n = current.next_op
-            basis = n - self.params.max_in_flight
-            if basis >= 0 and basis not in current.consensus:
-                return  # operation n - window still running: decide later
-            agreed = current.consensus.get(basis, [False] * len(self.trainable))
-            choice = next(
-                (i for i, piece in enumerate(self.slices) if i not in current.sent and agreed[piece.param_index]), None
-            )
-            # A probe only helps once this rank has news beyond what all ranks agreed on.
-            if choice is None and not any(r and not a for r, a in zip(current.ready.tolist(), agreed)):
-                return
-            self._launch(n, choice)
-
-    def _launch(self, n: int, slice_id: Optional[int]) -> None:
-        current = self.state.round
-        flags = current.ready.clone()
-        if slice_id is None:
-            buffer = flags
-            self.state.probes += 1
-        else:
-            piece = self.slices[slice_id]
-            grad = self.trainable[piece.param_index].grad.detach().reshape(-1)
-            buffer = torch.cat([grad[piece.start : piece.stop], flags])
-            current.sent.add(slice_id)
-        work = self.comm.allreduce_async(buffer, op="sum")
-        current.in_flight.append(_Op(n, slice_id, buffer, work))
-        current.next_op += 1
-
-    def _retire(self, op: _Op, block: bool) -> None:
-        if not block and not op.work.is_completed():
-            return
-        result = op.work.wait()
-        current = self.state.round
-        count = len(self.trainable)
-        current.consensus[op.index] = (result[-count:] == self.comm.world_size).tolist()
-        if op.slice_id is not None:
-            piece = self.slices[op.slice_id]
-            target = self.reduced[piece.param_index].view(-1)[piece.start : piece.stop]
-            target.copy_(result[:-count]).div_(self.comm.world_size)
-            current.done.add(op.slice_id)
-        current.in_flight.remove(op)
+        self.state.applied[layer] = True

@@ -87,23 +87,95 @@ class SimClock:
         self.sim.sleep(overhead)
 
     def attach(self, model: nn.Module) -> None:
-        """Charge the backward pass gradient by gradient (the forward's share with the first), so
-        that what the algorithm launches from its gradient hooks overlaps the rest of backward."""
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        total = sum(p.numel() for p in trainable) or 1
-        forward = self.sim.compute.forward_fraction
+        """Spread each forward + backward over ``model``'s layers, so that what an algorithm does
+        from its hooks overlaps the rest of the pass: see :class:`_ComputeSpread`."""
+        _ComputeSpread(self, model)
 
-        def charge(param: nn.Parameter, fraction: float) -> None:
-            rank = self.sim.rank
-            compute = self._compute_s(rank)
-            already = self._charged.get(rank, 0.0)
-            spend = (forward * compute if already == 0.0 else 0.0) + (1 - forward) * compute * fraction
-            spend = min(spend, compute - already)
-            self._charged[rank] = already + spend
-            self.sim.sleep(spend)
+    def charge(self, seconds: float) -> None:
+        """Spend ``seconds`` of this rank's forward + backward now (never more than it has left)."""
+        rank = self.sim.rank
+        already = self._charged.get(rank, 0.0)
+        spend = min(seconds, self._compute_s(rank) - already)
+        self._charged[rank] = already + spend
+        self.sim.sleep(spend)
 
-        for param in trainable:
-            param.register_post_accumulate_grad_hook(lambda p, f=param.numel() / total: charge(p, f))
+
+class _ComputeSpread:
+    """How one rank's forward + backward time is spread over its model's layers (the modules that
+    own parameters): in proportion to each layer's multiply-accumulates, estimated in the first
+    forward pass as weight elements x output positions (a conv layer's weights meet every pixel, a
+    linear layer's every sample), so a conv net's time sits in its convolutions even where its
+    parameters sit in the fully connected layers. The forward share (``forward_fraction``) is
+    charged as each layer's forward ends, the rest as each parameter's gradient is accumulated (a
+    layer's share split by its parameters' sizes). In the first step, before the estimate exists,
+    the forward share is charged with the first gradient."""
+
+    def __init__(self, clock: SimClock, model: nn.Module):
+        self.clock = clock
+        trainable = {id(p): p for p in model.parameters() if p.requires_grad}
+        self.layers: list[tuple[nn.Module, list[nn.Parameter]]] = []
+        for module in model.modules():
+            owned = [p for p in module.parameters(recurse=False) if id(p) in trainable]
+            for param in owned:
+                del trainable[id(param)]  # the first owner takes a shared parameter
+            if owned:
+                self.layers.append((module, owned))
+        self.macs = [0] * len(self.layers)    # per layer, summed over the first forward pass
+        self.estimated = False                 # set by the first gradient: the first forward is over
+        self.share: dict[int, float] = {}      # id(param) -> its share of the backward pass
+        for index, (module, params) in enumerate(self.layers):
+            module.register_forward_hook(lambda m, inputs, output, index=index: self._forward_done(index, output))
+            for param in params:
+                param.register_post_accumulate_grad_hook(lambda p, index=index: self._gradient_done(p))
+
+    def _forward_done(self, index: int, output) -> None:
+        module, params = self.layers[index]
+        if not self.estimated:
+            self.macs[index] += layer_macs(module, params, output)
+        elif sum(self.macs):
+            compute = self.clock._compute_s(self.clock.sim.rank)
+            fraction = layer_macs(module, params, output) / sum(self.macs)
+            self.clock.charge(self.clock.sim.compute.forward_fraction * compute * fraction)
+
+    def _gradient_done(self, param: nn.Parameter) -> None:
+        if not self.estimated:
+            self._estimate()
+        rank = self.clock.sim.rank
+        compute = self.clock._compute_s(rank)
+        forward = self.clock.sim.compute.forward_fraction
+        first = self.clock._charged.get(rank, 0.0) == 0.0  # the forward was not charged layer by layer
+        self.clock.charge((forward * compute if first else 0.0) + (1 - forward) * compute * self.share[id(param)])
+
+    def _estimate(self) -> None:
+        """Fix each parameter's share of the backward pass (by parameter sizes where no forward
+        pass was seen: then the forward is charged with the first gradient every step)."""
+        self.estimated = True
+        weights = self.macs if sum(self.macs) else [sum(p.numel() for p in params) for _, params in self.layers]
+        total = sum(weights) or 1
+        for weight, (_, params) in zip(weights, self.layers):
+            size = sum(p.numel() for p in params) or 1
+            for param in params:
+                self.share[id(param)] = weight / total * param.numel() / size
+
+
+def layer_macs(module: nn.Module, params: list[nn.Parameter], output) -> int:
+    """Multiply-accumulates of one call of ``module`` (estimated): each weight matrix or kernel
+    (2 or more dims) once per output position, where a position is one output vector (the
+    channel dimension: 1 for a conv kernel, the last otherwise); each vector parameter (bias,
+    normalisation) once per output element; an embedding one per output element (a lookup)."""
+    out = output[0] if isinstance(output, (tuple, list)) else output
+    if not isinstance(out, torch.Tensor) or out.dim() == 0:
+        return sum(p.numel() for p in params)
+    if isinstance(module, nn.Embedding):
+        return out.numel()
+    macs = 0
+    for param in params:
+        if param.dim() >= 2:
+            channels = out.shape[1] if param.dim() >= 3 and out.dim() >= 2 else out.shape[-1]
+            macs += param.numel() * (out.numel() // max(1, channels))
+        else:
+            macs += out.numel()
+    return macs
 
 
 def run_simulated(config: Config, world_size: int, network, compute: ComputeModel,

@@ -12,13 +12,14 @@ model, blocked time) is unchanged, measured on the virtual clock.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import numpy as np
 import torch
 
-from trainers.comm import COMBINE, Comm, Work, allreduce_bytes, tensor_nbytes
+from trainers.comm import COMBINE, STREAM_TAG, Comm, Work, allreduce_bytes, tensor_nbytes
 
 from . import collectives
 from .engine import Completion, Simulator
@@ -227,6 +228,46 @@ class Exchange:
             self.sim.complete_at(float(times[rank]), done, (lambda write=write, value=results[rank]: write(value)))
 
 
+class SimStreamDriver:
+    """Runs ``MessageStreams``' background work as events (the simulator's counterpart of
+    ``trainers.comm.ThreadedStreamDriver``): a stream message is a point-to-point message with the
+    streams' tag, and its callback runs when the engine completes it (the last byte left; the
+    message arrived), at that virtual time. Ranks run one at a time, so the lock is a no-op, and
+    every rank-side call first pays the time the rank owes, so what its messages see is never
+    ahead of its clock."""
+
+    def __init__(self, comm: "SimComm"):
+        self.comm = comm
+        self.sim = comm.sim
+        self.lock = nullcontext()
+        self._waiting: Optional[Completion] = None
+
+    def enter(self) -> None:
+        self.sim.settle()
+
+    def send(self, message: torch.Tensor, dst: int, on_done: Callable[[], None]) -> None:
+        sent = Completion(what=f"stream message to rank {dst}", callbacks=[on_done])
+        self.comm.exchange.send(_Message(self.comm.rank, dst, STREAM_TAG, message.detach().clone(), sent, self.sim.now))
+
+    def recv(self, buffer: torch.Tensor, src: int, on_done: Callable[[], None]) -> None:
+        done = Completion(what=f"stream message from rank {src}", callbacks=[on_done])
+        self.comm.exchange.post(self.comm.rank, _Receive(buffer, src, None, STREAM_TAG, done, self.sim.now))
+
+    def notify(self) -> None:
+        if self._waiting is not None and not self._waiting.done:
+            self.sim.complete(self._waiting)
+
+    def wait(self, predicate: Callable[[], bool]) -> None:
+        self.sim.settle()
+        while not predicate():
+            self._waiting = Completion(what="stream messages")
+            self.sim.wait(self._waiting)
+        self._waiting = None
+
+    def close(self) -> None:
+        """Nothing runs in the background between events."""
+
+
 class SimComm(Comm):
     """One rank's comm layer in a simulated job (see the module docstring)."""
 
@@ -272,6 +313,9 @@ class SimComm(Comm):
                            Completion(what="receive from any rank"), self.sim.now)
         self.exchange.post(self.rank, receive)
         return (lambda: (self.sim.wait(receive.done), receive.source)[1]), (lambda: self._poll(receive.done))
+
+    def _stream_driver(self) -> SimStreamDriver:
+        return SimStreamDriver(self)
 
     # -- collectives -----------------------------------------------------------------------------
 

@@ -35,12 +35,14 @@ class Deadlock(RuntimeError):
 
 @dataclass
 class Completion:
-    """Something ranks can wait for: done at a virtual time, waking whoever waits."""
+    """Something ranks can wait for: done at a virtual time, waking whoever waits and running its
+    callbacks (at once, on whichever thread completes it: the engine's, or a running rank's)."""
 
     done: bool = False
     at: Optional[float] = None
     waiters: list = field(default_factory=list)  # (rank, life) of each rank waiting
     what: str = ""
+    callbacks: list = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -51,9 +53,10 @@ class ComputeModel:
         forward_backward_s: one forward + backward (before a compute profile's ``min_compute_s``
             padding, which still applies).
         step_overhead_s: per step outside forward + backward (optimizer, copies).
-        forward_fraction: the share of ``forward_backward_s`` that is the forward pass; the rest
-            is spread over the backward pass's gradients in proportion to their sizes, so that
-            communication launched during backward overlaps what is left of it.
+        forward_fraction: the share of ``forward_backward_s`` that is the forward pass, spent layer
+            by layer as the forward runs; the rest is spread over the backward pass's gradients,
+            so that communication launched during backward overlaps what is left of it (both in
+            proportion to the layers' multiply-accumulates: ``trainers.sim.SimClock.attach``).
         source: where the numbers come from (for records).
     """
 
@@ -314,6 +317,9 @@ class Simulator:
         waiters, completion.waiters = completion.waiters, []
         for rank, life in waiters:
             self.at(self.now, lambda rank=rank, life=life: self._resume(rank, life))
+        callbacks, completion.callbacks = completion.callbacks, []
+        for callback in callbacks:
+            callback()
 
     def complete_at(self, time_s: float, completion: Completion, then: Optional[Callable[[], None]] = None) -> None:
         """Complete ``completion`` at ``time_s``, first running ``then`` (e.g. writing a result)."""

@@ -1,0 +1,121 @@
+"""MessageStreams (trainers/comm.py): keyed messages between every pair of ranks, sent one at a
+time per destination in priority or FIFO order; on the threaded driver gloo's comm uses (with a
+transport the test holds) and on the simulator's; the comms that cannot carry them say so."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from emulator.simnet import FluidNetwork
+from trainers.comm import Comm, MessageStreams, TorchComm
+from trainers.comm_tcp import TcpComm
+from trainers.sim import ComputeModel, SimComm, Simulator
+
+
+class HeldComm(Comm):
+    """Rank 0 whose stream messages are handed to the transport only when the test releases them
+    (one ``released`` permit each), on the threaded driver that gloo's comm uses."""
+
+    def __init__(self, world_size: int = 2):
+        super().__init__(rank=0, world_size=world_size)
+        self.released = threading.Semaphore(0)
+
+    def _isend_background(self, tensor, dst, tag):
+        return (lambda: self.released.acquire(timeout=10) or pytest.fail("never released")), (lambda: False)
+
+    def _irecv_background(self, tensor, src, tag):
+        raise NotImplementedError
+
+    def _all_reduce(self, tensor, op):
+        raise NotImplementedError
+
+    def _broadcast(self, tensor, src):
+        return (lambda: tensor), (lambda: True)
+
+    def _all_gather(self, outputs, tensor):
+        raise NotImplementedError
+
+    def _isend(self, tensor, dst):
+        raise NotImplementedError
+
+    def _irecv(self, tensor, src):
+        raise NotImplementedError
+
+    def _barrier(self):
+        return (lambda: None), (lambda: True)
+
+
+@pytest.mark.parametrize("order, expected", [("priority", [10, 1, 11, 12]), ("fifo", [10, 11, 12, 1])])
+def test_a_message_put_later_with_a_higher_priority_overtakes_the_queued_ones(order, expected):
+    """10 is handed to the transport at once and 11, 12 wait behind it; 1, put last, goes next by
+    priority (never recalling 10, already handed over), last in FIFO order."""
+    comm = HeldComm()
+    streams = MessageStreams(comm, 4, torch.float32, on_message=None, order=order)
+    for priority in (10, 11, 12, 1):
+        streams.put([1], key=priority, payload=torch.full((4,), float(priority)), priority=priority)
+    assert list(streams.sent) == [(1, 10)]
+    for _ in range(4):
+        comm.released.release()
+    streams.close()
+    assert [key for _, key in streams.sent] == expected
+    assert comm.stats.per_op["isend"].calls == 4
+    assert comm.stats.per_op["isend"].bytes_sent == 4 * (8 + 4 * 4)  # each message: its key and payload
+
+
+def test_a_put_to_this_rank_is_delivered_at_once():
+    got = []
+    streams = MessageStreams(HeldComm(), 2, torch.float32, on_message=lambda *message: got.append(message))
+    streams.put([0], key=7, payload=torch.ones(2))
+    assert len(got) == 1 and got[0][:2] == (0, 7) and got[0][2].tolist() == [1.0, 1.0]
+    assert not streams.sent
+
+
+def sim_network(n, latency_s=0.0005, rate_bytes=125e6):
+    latency = np.full((n, n), latency_s)
+    np.fill_diagonal(latency, 0.0)
+    return FluidNetwork(latency_s=latency, rate=np.full((n, n), rate_bytes), jitter_s=np.zeros((n, n)),
+                        loss=np.zeros((n, n)), tcp_window=1e12, region_of=tuple(f"r{i}" for i in range(n)), tcp=False)
+
+
+@pytest.mark.parametrize("order, expected", [("priority", [10, 1, 11, 12]), ("fifo", [10, 11, 12, 1])])
+def test_on_the_simulator_the_receiver_gets_them_in_the_order_sent(order, expected):
+    """The simulator's driver: events instead of threads, the same order on both sides."""
+    sim = Simulator(2, sim_network(2, 0.01, 1e6), ComputeModel(0.0))
+    sent, arrived = {}, []
+
+    def body(rank):
+        comm = SimComm(sim, rank)
+        streams = MessageStreams(comm, 25_000, torch.float32, order=order,
+                                 on_message=lambda src, key, payload: arrived.append((key, payload[0].item(), sim.now)))
+        if rank == 0:
+            for priority in (10, 11, 12):  # 0.1 s each at 1 MB/s
+                streams.put([1], priority, torch.full((25_000,), float(priority)), priority=priority)
+            sim.sleep(0.05)                 # 10 is on the wire
+            streams.put([1], 1, torch.full((25_000,), 1.0), priority=1)
+            streams.close()
+            sent[rank] = [key for _, key in streams.sent]
+        else:
+            streams.expect(0, 4)
+            streams.wait_until(lambda: len(arrived) == 4)
+            streams.close()
+
+    sim.run([lambda r=r: body(r) for r in range(2)])
+    assert sent[0] == expected
+    assert [(key, value) for key, value, _ in arrived] == [(k, float(k)) for k in expected]
+    # the first leaves once the receiver's "ready" notice arrived (one delay), the rest back to back
+    assert arrived[-1][2] == pytest.approx(0.01 + 4 * 100_008 / 1e6 + 0.01)
+
+
+def test_comms_without_tagged_messages_are_refused_by_name():
+    with pytest.raises(NotImplementedError, match="TcpComm has no tagged point-to-point messages"):
+        TcpComm._stream_driver(object.__new__(TcpComm))
+    nccl = object.__new__(TorchComm)
+    nccl.backend = "nccl"
+    with pytest.raises(NotImplementedError, match="NCCL does not allow"):
+        nccl._stream_driver()
+
+
