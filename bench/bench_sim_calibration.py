@@ -10,6 +10,12 @@ network model is the same plan. Per job it prints tun's and sim's steps/s, time 
 accuracy and bytes sent per step per node, and the relative error of each (sim / tun - 1), then
 the median and worst absolute error. Writes a CSV under results/bench/. Needs root (tun).
 
+Steps/s is also read in steady state (``steady_steps_per_s``: each rank's steps after its first
+``STEADY_FROM`` over the time they took, median over the job's ranks), because tun's ranks start
+up to ~0.3 s apart (process start-up, data loading) while sim's start together: with async PS a
+worker next to the server runs alone at ~10 ms a step until the remote workers' first messages
+come, which the whole-run figure counts and no network model should.
+
     WANBENCH_PREFIX=wbc .venv/bin/python bench/bench_sim_calibration.py                 # 4, 8, 16 nodes
     WANBENCH_PREFIX=wbc .venv/bin/python bench/bench_sim_calibration.py --nodes-per-region 1 --steps 40
 """
@@ -66,7 +72,8 @@ algorithms:{algorithms}
 verify: {{enabled: false}}
 {sim}
 """
-METRICS = ("steps_per_s", "time_to_target_s", "bytes_per_step_per_node")
+METRICS = ("steps_per_s", "steady_steps_per_s", "time_to_target_s", "bytes_per_step_per_node")
+STEADY_FROM = 10  # steps of each rank left out of steady_steps_per_s (start-up skew, warm-up)
 
 
 def run_scenario(text: str, name: str, backend: str) -> Path:
@@ -98,8 +105,21 @@ def compute_model(run_dir: Path) -> dict:
             "samples": len(forward_backward)}
 
 
+def steady_steps_per_s(job_dir: Path) -> float | None:
+    """Median over the job's ranks of (steps after the first STEADY_FROM) / (the time they took)."""
+    rates = []
+    for path in sorted(job_dir.glob("rank*.jsonl")):
+        times = [r["time_s"] for r in read_complete_records(path) if r.get("kind") == "step"]
+        if len(times) > STEADY_FROM + 1 and times[-1] > times[STEADY_FROM]:
+            rates.append((len(times) - 1 - STEADY_FROM) / (times[-1] - times[STEADY_FROM]))
+    return statistics.median(rates) if rates else None
+
+
 def summary(run_dir: Path) -> pd.DataFrame:
     table = pd.read_csv(run_dir / "summary.csv")
+    table["steady_steps_per_s"] = [
+        next((steady_steps_per_s(job) for job in (run_dir / "jobs").glob(f"*-{label}-seed{seed}")), None)
+        for label, seed in zip(table["label"], table["seed"])]
     return table.set_index("label")
 
 
