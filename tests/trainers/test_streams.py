@@ -119,3 +119,39 @@ def test_comms_without_tagged_messages_are_refused_by_name():
         nccl._stream_driver()
 
 
+
+
+def test_a_killed_rank_receives_and_sends_nothing_more():
+    """A message whose last byte left before its receiver was killed arrives after: nobody reads it
+    (no callback of the dead rank runs, so it sends nothing in answer); and a send of the dead
+    rank matched after the kill never starts its flow (gloo's data leaves only from a live process)."""
+    net = sim_network(3, 0.5, 1e6)
+    sim = Simulator(3, net, ComputeModel(0.0))
+    got, answered = [], []
+
+    def body(rank):
+        comm = SimComm(sim, rank)
+        if rank == 0:  # killed at 0.8 s; rank 1's message (out at 0.6 s) arrives at 1.1 s
+            streams = MessageStreams(comm, 25_000, torch.float32, on_message=lambda src, key, payload: (
+                got.append((src, key)), streams.put([2], key, payload)))
+            streams.expect(1, 1)
+            streams.put([2], 5, torch.zeros(25_000))  # rank 2 posts its receives only at 1 s
+            streams.wait_until(lambda: len(got) == 1)
+        elif rank == 1:
+            streams = MessageStreams(comm, 25_000, torch.float32, on_message=None)
+            streams.put([0], 7, torch.zeros(25_000))
+            streams.close()
+            sim.sleep(1.0)
+            sim.settle()
+        else:
+            streams = MessageStreams(comm, 25_000, torch.float32,
+                                     on_message=lambda src, key, payload: answered.append((src, key)))
+            sim.sleep(1.0)
+            streams.expect(0, 2)
+            sim.sleep(2.0)  # rank 0's message would have arrived at 2.1 s
+            sim.settle()
+
+    sim.run([lambda r=r: body(r) for r in range(3)], actions=[(0.8, lambda s: s.crash(0))])
+    assert not sim.errors
+    assert got == [] and answered == []
+    assert net.in_flight() == 0

@@ -89,14 +89,18 @@ class Exchange:
         self.noticed: list[list[_Message]] = [[] for _ in range(sim.world_size)]  # notices at dst, in arrival order
         self.collectives: dict[int, _Collective] = {}
         self.stalled: list[_Collective] = []  # resolved while a path it needs was down
+        self.killed: set[int] = set()  # ranks whose process was killed (a job on this comm takes none back)
         sim.on_network_change.append(self.retry_stalled)
         sim.on_crash.append(self.crashed)
 
     def crashed(self, rank: int) -> None:
-        """``rank``'s process was killed: its flows stop, and each other rank's communication fails
-        once the closed connection has reached it (one one-way delay): gloo's pairs, and the
-        collectives built on them, do not survive a peer (the crash-tolerant comm is elastic.py)."""
+        """``rank``'s process was killed: its flows stop, none starts to or from it any more, and
+        what arrives for it later is not read (no callback of the dead process runs); each other
+        rank's communication fails once the closed connection has reached it (one one-way delay):
+        gloo's pairs, and the collectives built on them, do not survive a peer (the crash-tolerant
+        comm is elastic.py)."""
         sim = self.sim
+        self.killed.add(rank)
         sim.network.cancel_flows(sim.now, lambda flow: rank in (flow.src, flow.dst))
         for other in range(sim.world_size):
             if other != rank:
@@ -158,10 +162,16 @@ class Exchange:
                                f"message of {message.data.numel()} from rank {message.src}")
         size = message.data.numel() * message.data.element_size()
         at += float(self.sim.network.slow_start_s(message.src, message.dst, size, at)[0])
-        self.sim.at(at, lambda: self.sim.network.start_flow(message.src, message.dst, size, self.sim.now,
-                                                            token=message))
+        self.sim.at(at, lambda: self._start_flow(message, size))
+
+    def _start_flow(self, message: _Message, size: int) -> None:
+        if message.src in self.killed or message.dst in self.killed:
+            return  # gloo's data leaves only from a live process, to one whose pair is still open
+        self.sim.network.start_flow(message.src, message.dst, size, self.sim.now, token=message)
 
     def fill(self, receive: _Receive, message: _Message) -> None:
+        if message.dst in self.killed:
+            return  # it arrived after its receiver was killed: nobody reads it
         with torch.no_grad():
             receive.tensor.view(-1).copy_(message.data.view(-1))
         receive.source = message.src
