@@ -345,7 +345,8 @@ class Comm(ABC):
             wait()
 
     def _isend_background(self, tensor: torch.Tensor, dst: int, tag: int):
-        """The background all-reduce's send; ``tag`` (0 .. BACKGROUND_TAGS-1) tells its all-reduce apart."""
+        """The background all-reduce's send; ``tag`` (0 .. BACKGROUND_TAGS-1) tells its all-reduce apart
+        (:data:`STREAM_TAG`, past them: :class:`MessageStreams`' messages)."""
         raise NotImplementedError(f"{type(self).__name__} has no tagged point-to-point for allreduce_async")
 
     def _irecv_background(self, tensor: torch.Tensor, src: int, tag: int):
