@@ -117,9 +117,12 @@ def steady_steps_per_s(job_dir: Path) -> float | None:
 
 def summary(run_dir: Path) -> pd.DataFrame:
     table = pd.read_csv(run_dir / "summary.csv")
-    table["steady_steps_per_s"] = [
-        next((steady_steps_per_s(job) for job in (run_dir / "jobs").glob(f"*-{label}-seed{seed}")), None)
-        for label, seed in zip(table["label"], table["seed"])]
+    jobs = {}
+    for path in (run_dir / "jobs").glob("*/job.json"):
+        job = json.loads(path.read_text())
+        jobs[(job["label"], job["seed"])] = path.parent
+    table["steady_steps_per_s"] = [steady_steps_per_s(jobs[(label, seed)]) if (label, seed) in jobs else None
+                                   for label, seed in zip(table["label"], table["seed"])]
     return table.set_index("label")
 
 
