@@ -1,7 +1,6 @@
 """The simulated job (trainers.sim): engine semantics, timing against closed forms, equivalence
 with real gloo ranks, determinism."""
 
-import json
 import statistics
 
 import numpy as np

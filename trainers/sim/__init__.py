@@ -39,7 +39,7 @@ from trainers.datasets import shared_datasets
 
 from .comm import SimComm
 from .elastic import ElasticSimComm
-from .engine import ComputeModel, Deadlock, SimAborted, Simulator
+from .engine import ComputeModel, Deadlock, Simulator
 
 __all__ = ["ComputeModel", "Deadlock", "ElasticSimComm", "SimComm", "Simulator", "run_simulated",
            "UNSUPPORTED_ALGORITHMS"]
