@@ -329,6 +329,11 @@ class Config:
             compute profile: the step time of the accelerator the job stands for; the harness
             multiplies it by the time dilation). Step records give the unpadded time as
             ``compute_unpadded_s``.
+        pad_layers: spread ``min_compute_s`` over the model's layers (each layer's forward and
+            each parameter's gradient padded to its share by multiply-accumulates,
+            trainers/padding.py), so what an algorithm overlaps with the passes (p3) meets the
+            profile's timing and the CPU is free while a layer "computes"; without it the whole
+            pad comes after backward.
     """
 
     output_dir: str
@@ -349,6 +354,7 @@ class Config:
     comm: CommConfig = field(default_factory=CommConfig)
     save_final_model: bool = False
     min_compute_s: Optional[float] = None
+    pad_layers: bool = False
 
     def __post_init__(self) -> None:
         if not self.output_dir:
@@ -364,6 +370,11 @@ class Config:
             require_float("time_budget_s", self.time_budget_s, minimum=0.0, min_exclusive=True)
         if self.min_compute_s is not None:
             require_float("min_compute_s", self.min_compute_s, minimum=0.0)
+        if not isinstance(self.pad_layers, bool):
+            raise ConfigError("pad_layers", f"must be true or false, got {self.pad_layers!r}")
+        if self.pad_layers and not self.min_compute_s:
+            raise ConfigError("pad_layers", "spreads min_compute_s over the layers: set min_compute_s (or a "
+                              "compute profile) too")
         if self.target_accuracy is not None:
             require_float("target_accuracy", self.target_accuracy, minimum=0.0, maximum=1.0)
         if self.comm.backend == "nccl" and self.device != "cuda":

@@ -34,6 +34,7 @@ from trainers.comm import Comm, PeerLost, ProcessKilled, TorchComm
 from trainers.config import (COMM_BACKEND_VARIABLE, GPU_REASON_VARIABLE, GPU_SHARED_BY_VARIABLE, Config,
                              from_dict, require_choice, to_dict)
 from trainers.datasets import BatchSampler, load_dataset, shard_indices
+from trainers.padding import LayerPadding
 from trainers.launch import free_port
 from trainers.loading import check_comm_backend, uses_elastic_comm
 from trainers.models import build_model
@@ -215,6 +216,8 @@ def _train(config: Config, comm: TorchComm, writer: RecordWriter, device: torch.
     sampler = BatchSampler(shards[rank], config.batch_size, seed=config.seed * 1000 + rank)
     model = build_model(config.model.name, config.model.params, data.input_shape, data.num_classes, config.seed).to(device)
     clock.attach(model)  # before the algorithm's hooks: a virtual clock spreads backward over them
+    if config.pad_layers:  # also before them: a gradient is padded before an algorithm sends it
+        LayerPadding(model, config.min_compute_s)
 
     algorithm_cls = get_algorithm(config.algorithm.name)
     params = from_dict(algorithm_cls.Params, config.algorithm.params, "algorithm.params")

@@ -40,6 +40,7 @@ from trainers.datasets import shared_datasets
 from .comm import SimComm
 from .elastic import ElasticSimComm
 from .engine import ComputeModel, Deadlock, Simulator
+from trainers.padding import layer_macs  # noqa: F401  (the layers' share of compute, as on the wall clock)
 
 __all__ = ["ComputeModel", "Deadlock", "ElasticSimComm", "SimComm", "Simulator", "run_simulated",
            "UNSUPPORTED_ALGORITHMS"]
@@ -158,24 +159,6 @@ class _ComputeSpread:
                 self.share[id(param)] = weight / total * param.numel() / size
 
 
-def layer_macs(module: nn.Module, params: list[nn.Parameter], output) -> int:
-    """Multiply-accumulates of one call of ``module`` (estimated): each weight matrix or kernel
-    (2 or more dims) once per output position, where a position is one output vector (the
-    channel dimension: 1 for a conv kernel, the last otherwise); each vector parameter (bias,
-    normalisation) once per output element; an embedding one per output element (a lookup)."""
-    out = output[0] if isinstance(output, (tuple, list)) else output
-    if not isinstance(out, torch.Tensor) or out.dim() == 0:
-        return sum(p.numel() for p in params)
-    if isinstance(module, nn.Embedding):
-        return out.numel()
-    macs = 0
-    for param in params:
-        if param.dim() >= 2:
-            channels = out.shape[1] if param.dim() >= 3 and out.dim() >= 2 else out.shape[-1]
-            macs += param.numel() * (out.numel() // max(1, channels))
-        else:
-            macs += out.numel()
-    return macs
 
 
 def run_simulated(config: Config, world_size: int, network, compute: ComputeModel,

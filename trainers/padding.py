@@ -1,0 +1,126 @@
+"""Padding each layer to a compute profile (``pad_layers``): the accelerator's timing, layer by layer.
+
+``min_compute_s`` alone pads a step once, after backward: right for an algorithm that waits for
+the whole pass, wrong for one that overlaps communication with it (``p3`` pushes each slice as its
+gradient is ready and waits per layer in the next forward pass). :class:`LayerPadding` spreads the
+profile's step time over the layers that own parameters, in proportion to their multiply-accumulates
+(:func:`layer_macs`, measured in the first forward pass), a ``forward_fraction`` of it in the
+forward pass and the rest in the backward pass, and sleeps where this machine computed a layer
+faster than its share:
+
+* forward: from the layer's own start (after any algorithm pre-hook, e.g. p3 waiting for the
+  layer's slices, so waiting is never counted as compute) to its end;
+* backward: from the previous gradient (or the end of the forward pass) to this parameter's
+  gradient, before any algorithm hook sees it (so a slice leaves when the profile's layer would
+  have produced it).
+
+Sleeping leaves the CPU to the communication threads, as an accelerator would. The step's own
+``min_compute_s`` pad (``Algorithm.pad_compute``) still tops up what the layers did not reach.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from trainers import clock
+
+FORWARD_FRACTION = 1 / 3  # as trainers.sim.ComputeModel: backward costs about twice the forward
+
+
+def layer_macs(module: nn.Module, params: list[nn.Parameter], output) -> int:
+    """Multiply-accumulates of one call of ``module`` (estimated): each weight matrix or kernel
+    (2 or more dims) once per output position, where a position is one output vector (the
+    channel dimension: 1 for a conv kernel, the last otherwise); each vector parameter (bias,
+    normalisation) once per output element; an embedding one per output element (a lookup)."""
+    out = output[0] if isinstance(output, (tuple, list)) else output
+    if not isinstance(out, torch.Tensor) or out.dim() == 0:
+        return sum(p.numel() for p in params)
+    if isinstance(module, nn.Embedding):
+        return out.numel()
+    macs = 0
+    for param in params:
+        if param.dim() >= 2:
+            channels = out.shape[1] if param.dim() >= 3 and out.dim() >= 2 else out.shape[-1]
+            macs += param.numel() * (out.numel() // max(1, channels))
+        else:
+            macs += out.numel()
+    return macs
+
+
+class LayerPadding:
+    """Pads ``model``'s layers to ``step_s`` seconds per forward + backward (see module docstring).
+
+    Create it before any algorithm registers hooks: its gradient hooks must run first. Its forward
+    pre-hooks are registered at the first forward pass, after the algorithm's."""
+
+    def __init__(self, model: nn.Module, step_s: float, forward_fraction: float = FORWARD_FRACTION):
+        self.step_s = step_s
+        self.forward_fraction = forward_fraction
+        trainable = {id(p): p for p in model.parameters() if p.requires_grad}
+        self.layers: list[tuple[nn.Module, list[nn.Parameter]]] = []
+        for module in model.modules():
+            owned = [p for p in module.parameters(recurse=False) if id(p) in trainable]
+            for param in owned:
+                del trainable[id(param)]  # the first owner takes a shared parameter
+            if owned:
+                self.layers.append((module, owned))
+        self.macs: Optional[list[int]] = None  # per layer, from the first forward pass
+        self._first_macs = [0] * len(self.layers)
+        self._layer_started: dict[int, float] = {}
+        self._last = 0.0  # end of the last padded piece (a layer's forward or a gradient)
+        self.padded_s = 0.0  # seconds slept so far (tests, records)
+        self._share: dict[int, float] = {}
+        self._measuring = False
+        for index, (module, params) in enumerate(self.layers):
+            module.register_forward_hook(lambda m, inputs, output, index=index: self._forward_done(index, output))
+            for param in params:
+                param.register_post_accumulate_grad_hook(lambda p: self._gradient_done(p))
+        self._late_hooks = model.register_forward_pre_hook(lambda m, inputs: self._register_pre_hooks())
+
+    def _register_pre_hooks(self) -> None:
+        """At the first forward pass, after the algorithm registered its own pre-hooks."""
+        self._late_hooks.remove()
+        for index, (module, _) in enumerate(self.layers):
+            module.register_forward_pre_hook(lambda m, inputs, index=index: self._forward_starts(index))
+
+    def _forward_starts(self, index: int) -> None:
+        self._measuring = False  # the backward pass of the first step is over
+        self._layer_started[index] = clock.perf_counter()
+
+    def _forward_done(self, index: int, output) -> None:
+        module, params = self.layers[index]
+        if self.macs is None:
+            self._first_macs[index] += layer_macs(module, params, output)
+        else:
+            total = sum(self.macs) or 1
+            share = self.forward_fraction * self.step_s * layer_macs(module, params, output) / total
+            self._sleep_until(self._layer_started.get(index, clock.perf_counter()) + share)
+        self._last = clock.perf_counter()
+
+    def _gradient_done(self, param: nn.Parameter) -> None:
+        if self.macs is None:
+            self._estimate()
+            self._measuring = True
+        if self._measuring:  # the first step only measures
+            self._last = clock.perf_counter()
+            return
+        self._sleep_until(self._last + (1 - self.forward_fraction) * self.step_s * self._share[id(param)])
+        self._last = clock.perf_counter()
+
+    def _estimate(self) -> None:
+        self.macs = self._first_macs
+        weights = self.macs if sum(self.macs) else [sum(p.numel() for p in params) for _, params in self.layers]
+        total = sum(weights) or 1
+        for weight, (_, params) in zip(weights, self.layers):
+            size = sum(p.numel() for p in params) or 1
+            for param in params:
+                self._share[id(param)] = weight / total * param.numel() / size
+
+    def _sleep_until(self, deadline: float) -> None:
+        left = deadline - clock.perf_counter()
+        if left > 0:
+            clock.sleep(left)
+            self.padded_s += left
