@@ -50,6 +50,34 @@ def layer_macs(module: nn.Module, params: list[nn.Parameter], output) -> int:
     return macs
 
 
+def owning_layers(model: nn.Module) -> list[tuple[nn.Module, list[nn.Parameter]]]:
+    """The modules that own trainable parameters, in ``model.modules()`` order, each with its own
+    (the first owner takes a shared parameter)."""
+    trainable = {id(p): p for p in model.parameters() if p.requires_grad}
+    layers = []
+    for module in model.modules():
+        owned = [p for p in module.parameters(recurse=False) if id(p) in trainable]
+        for param in owned:
+            del trainable[id(param)]
+        if owned:
+            layers.append((module, owned))
+    return layers
+
+
+def backward_shares(layers: list[tuple[nn.Module, list[nn.Parameter]]], macs: list[int]) -> dict[int, float]:
+    """Each parameter's share of the backward pass (id(param) -> fraction): its layer's share of
+    the multiply-accumulates (of the parameters' sizes where no forward pass was seen), split
+    within the layer by parameter size."""
+    weights = macs if sum(macs) else [sum(p.numel() for p in params) for _, params in layers]
+    total = sum(weights) or 1
+    share = {}
+    for weight, (_, params) in zip(weights, layers):
+        size = sum(p.numel() for p in params) or 1
+        for param in params:
+            share[id(param)] = weight / total * param.numel() / size
+    return share
+
+
 class LayerPadding:
     """Pads ``model``'s layers to ``step_s`` seconds per forward + backward (see module docstring).
 
@@ -59,14 +87,7 @@ class LayerPadding:
     def __init__(self, model: nn.Module, step_s: float, forward_fraction: float = FORWARD_FRACTION):
         self.step_s = step_s
         self.forward_fraction = forward_fraction
-        trainable = {id(p): p for p in model.parameters() if p.requires_grad}
-        self.layers: list[tuple[nn.Module, list[nn.Parameter]]] = []
-        for module in model.modules():
-            owned = [p for p in module.parameters(recurse=False) if id(p) in trainable]
-            for param in owned:
-                del trainable[id(param)]  # the first owner takes a shared parameter
-            if owned:
-                self.layers.append((module, owned))
+        self.layers = owning_layers(model)
         self.macs: Optional[list[int]] = None  # per layer, from the first forward pass
         self._first_macs = [0] * len(self.layers)
         self._layer_started: dict[int, float] = {}
@@ -112,12 +133,7 @@ class LayerPadding:
 
     def _estimate(self) -> None:
         self.macs = self._first_macs
-        weights = self.macs if sum(self.macs) else [sum(p.numel() for p in params) for _, params in self.layers]
-        total = sum(weights) or 1
-        for weight, (_, params) in zip(weights, self.layers):
-            size = sum(p.numel() for p in params) or 1
-            for param in params:
-                self._share[id(param)] = weight / total * param.numel() / size
+        self._share = backward_shares(self.layers, self.macs)
 
     def _sleep_until(self, deadline: float) -> None:
         left = deadline - clock.perf_counter()

@@ -40,7 +40,7 @@ from trainers.datasets import shared_datasets
 from .comm import SimComm
 from .elastic import ElasticSimComm
 from .engine import ComputeModel, Deadlock, Simulator
-from trainers.padding import layer_macs  # noqa: F401  (the layers' share of compute, as on the wall clock)
+from trainers.padding import backward_shares, layer_macs, owning_layers  # the layers' shares, as on the wall clock
 
 __all__ = ["ComputeModel", "Deadlock", "ElasticSimComm", "SimComm", "Simulator", "run_simulated",
            "UNSUPPORTED_ALGORITHMS"]
@@ -113,14 +113,7 @@ class _ComputeSpread:
 
     def __init__(self, clock: SimClock, model: nn.Module):
         self.clock = clock
-        trainable = {id(p): p for p in model.parameters() if p.requires_grad}
-        self.layers: list[tuple[nn.Module, list[nn.Parameter]]] = []
-        for module in model.modules():
-            owned = [p for p in module.parameters(recurse=False) if id(p) in trainable]
-            for param in owned:
-                del trainable[id(param)]  # the first owner takes a shared parameter
-            if owned:
-                self.layers.append((module, owned))
+        self.layers = owning_layers(model)
         self.macs = [0] * len(self.layers)    # per layer, summed over the first forward pass
         self.estimated = False                 # set by the first gradient: the first forward is over
         self.share: dict[int, float] = {}      # id(param) -> its share of the backward pass
@@ -151,12 +144,7 @@ class _ComputeSpread:
         """Fix each parameter's share of the backward pass (by parameter sizes where no forward
         pass was seen: then the forward is charged with the first gradient every step)."""
         self.estimated = True
-        weights = self.macs if sum(self.macs) else [sum(p.numel() for p in params) for _, params in self.layers]
-        total = sum(weights) or 1
-        for weight, (_, params) in zip(weights, self.layers):
-            size = sum(p.numel() for p in params) or 1
-            for param in params:
-                self.share[id(param)] = weight / total * param.numel() / size
+        self.share = backward_shares(self.layers, self.macs)
 
 
 
