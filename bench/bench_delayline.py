@@ -73,14 +73,22 @@ TIMING_VARIANTS = {
     "staged-poll": ("--max-sleep-us", "50"),
     # staged, but frames stamped when read (before the kernel's arrival stamps, arrival.py)
     "read-stamps": ("--read-stamps",),
+    # staged, and pairs with a round trip <= 0.2 ms carried by the kernel (tun_shortcut.py): the
+    # backend's default. Every other variant sends every pair through the delay line.
+    "shortcut": (),
 }
+SHORTCUT_VARIANTS = {"shortcut"}
 
 
 @contextlib.contextmanager
-def network(topology, delayline_options: tuple = ()):
-    """A tun network for `topology`, torn down whatever happens."""
+def network(topology, delayline_options: tuple = (), shortcut: bool = False):
+    """A tun network for `topology`, torn down whatever happens. `shortcut`: the kernel carries
+    short pairs (the backend's default); off, every pair goes through the delay line, which is
+    what this bench measures (the RTT cases use an intra-region pair as one delay-line hop)."""
     backend = TunBackend(make_plan(topology))
     backend.delayline_options = tuple(delayline_options)
+    if not shortcut:
+        backend.shortcut_max_rtt_ms = None
     backend.down()  # leftovers of an interrupted run under the same prefix
     try:
         backend.up()
@@ -158,7 +166,7 @@ def throughput_case(rate: str, rtt: str, seconds: int, omit: int, congestion: st
                     variant: str = "staged") -> dict:
     """One TCP flow over a two-node network with this rate, RTT and congestion control, the delay
     line running with TIMING_VARIANTS[variant]."""
-    with network(two_region_topology(rate, rtt), TIMING_VARIANTS[variant]) as backend:
+    with network(two_region_topology(rate, rtt), TIMING_VARIANTS[variant], variant in SHORTCUT_VARIANTS) as backend:
         plan = backend.plan
         client, server = plan.nodes
         spec = plan.link(client, server)
@@ -357,7 +365,7 @@ def sparse_case(topology_path: Path, rate: float, seconds_per_rate: float, varia
     topology = load_topology(topology_path)
     topology = topology.with_nodes({r: nodes_per_region for r in topology.regions})
     rows = []
-    with network(topology, TIMING_VARIANTS[variant]) as backend:
+    with network(topology, TIMING_VARIANTS[variant], variant in SHORTCUT_VARIANTS) as backend:
         plan = backend.plan
         pid = read_state(plan.prefix)[0]["delayline_pid"]
         by_region: dict = {}

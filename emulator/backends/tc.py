@@ -139,12 +139,12 @@ def delay_stage(plan: Plan, src: Node) -> list[list[str]]:
     return cmds
 
 
-def bottleneck_stage(plan: Plan, dst: Node, dev: str) -> list[list[str]]:
+def bottleneck_stage(plan: Plan, dst: Node, dev: str, sources: Optional[list[Node]] = None) -> list[list[str]]:
     """tc arguments for `dev`, the device that delivers to `dst` (the core-side veth peer; on the
     mininet backend the switch port): per source, an htb class at the pair's rate with a bfifo leaf
-    bounded in bytes and a u32 filter on the source address."""
+    bounded in bytes and a u32 filter on the source address. `sources`: these only (default all)."""
     cmds = _root(dev)
-    for src in plan.nodes:
+    for src in plan.nodes if sources is None else sources:
         if src is dst:
             continue
         spec, minor = plan.link(src, dst), class_id(src)

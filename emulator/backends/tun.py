@@ -17,12 +17,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 from .. import netns
 from ..delayline import control
 from ..files import write_json_atomic
+from ..linkspec import LinkSpec
 from ..processes import stop_pids
+from . import tun_shortcut
 from .base import Backend, BackendUnavailable, clear_state, read_state, register
 
 READY_TIMEOUT_S = 30.0     # opening devices takes ~10 ms per node; python start-up dominates
@@ -65,6 +67,9 @@ class TunBackend(Backend):
     # Extra command-line options for the delay line (see `python -m emulator.delayline --help`);
     # the benchmark sets them to compare timing policies side by side.
     delayline_options: tuple[str, ...] = ()
+    # Pairs whose round trip (as applied) is at most this many ms go through the kernel, not the
+    # delay line (tun_shortcut.py); None: every pair through the delay line.
+    shortcut_max_rtt_ms: Optional[float] = tun_shortcut.DEFAULT_MAX_RTT_MS
 
     @classmethod
     def check_available(cls) -> None:
@@ -107,12 +112,20 @@ class TunBackend(Backend):
         try:
             # The delay line starts (imports, ~0.2-1 s) while the namespaces are being created.
             pid = self._start_delayline(lambda: netns.create_nodes(self.plan))
+            # The shortcut's routes name the node's address as their source: it exists once the
+            # delay line has opened the TUN devices.
+            pairs = self.shortcut_pairs()
+            if pairs:
+                tun_shortcut.build(self.plan, pairs)
             self.write_state(delayline_pid=pid, counters=str(self.counters_path),
-                             log=str(self.log_path), started_unix_s=round(time.time(), 3))
+                             log=str(self.log_path), started_unix_s=round(time.time(), 3),
+                             shortcut_max_rtt_ms=self.shortcut_max_rtt_ms,
+                             shortcut_pairs=[[a.name, b.name] for a, b in pairs])
         except BaseException:
             if pid is not None:
                 stop_delayline(pid, self.plan.prefix)
             netns.remove_nodes(self.plan)
+            tun_shortcut.remove(self.plan)
             clear_state(self.plan.prefix)
             raise
 
@@ -187,6 +200,7 @@ class TunBackend(Backend):
             # prefix): remove its nodes, not only the ones this plan would have made.
             netns.remove_nodes(saved_plan)
         netns.remove_nodes(self.plan)
+        tun_shortcut.remove(self.plan)
         clear_state(self.plan.prefix)
         (self.folder / "delayline-plan.json").unlink(missing_ok=True)
         for path in control.control_files(self.folder):
@@ -207,8 +221,27 @@ class TunBackend(Backend):
     def links_path(self) -> Path:
         return control.links_path(self.folder)
 
+    def shortcut_pairs(self, links: Optional[dict] = None, max_rtt_ms: Optional[float] = None) -> list:
+        """The node pairs the kernel carries under `links` (region pair -> spec or None; default
+        the plan's), with this backend's (or the given) round-trip limit."""
+        limit = self.shortcut_max_rtt_ms if max_rtt_ms is None else max_rtt_ms
+        if limit is None:
+            return []
+        return tun_shortcut.shortcut_pairs(self.plan, limit, links)
+
+    def _links_in_force(self, changes: list[dict]) -> dict:
+        """Region pair -> the spec in force, given the delay line's change list."""
+        links = dict(self.plan.region_links)
+        for change in changes:
+            spec = change["spec"]
+            links[(change["src_region"], change["dst_region"])] = None if spec is None else LinkSpec(**spec)
+        return links
+
     def set_link(self, src_region: str, dst_region: str, spec) -> None:
-        """Change a region pair's links in the running delay line; returns once they are in force."""
+        """Change a region pair's links in the running delay line; returns once they are in force.
+
+        Shortcut pairs (kernel-carried) that the change makes ineligible lose their routes once the
+        delay line has the change, so their packets go through it; a change back restores them."""
         state = read_state(self.plan.prefix)
         pid = (state[0] if state else {}).get("delayline_pid")
         if pid is None:
@@ -217,6 +250,8 @@ class TunBackend(Backend):
             data = json.loads(self.links_path.read_text())
         except (OSError, ValueError):
             data = {"sequence": 0, "links": []}
+        limit = state[0].get("shortcut_max_rtt_ms")
+        before = self.shortcut_pairs(self._links_in_force(data["links"]), limit) if limit is not None else []
         links = [c for c in data["links"] if (c["src_region"], c["dst_region"]) != (src_region, dst_region)]
         if spec != self.plan.region_links[(src_region, dst_region)]:
             links.append({"src_region": src_region, "dst_region": dst_region,
@@ -229,19 +264,34 @@ class TunBackend(Backend):
         while time.monotonic() < deadline:
             try:
                 if int(applied.read_text() or 0) >= sequence:
-                    return
+                    break
             except (OSError, ValueError):
                 pass
             time.sleep(0.01)
-        raise RuntimeError(f"the delay line did not apply link change {sequence} within "
-                           f"{LINK_CHANGE_TIMEOUT_S:.0f} s; log {self.log_path}")
+        else:
+            raise RuntimeError(f"the delay line did not apply link change {sequence} within "
+                               f"{LINK_CHANGE_TIMEOUT_S:.0f} s; log {self.log_path}")
+        after = self.shortcut_pairs(self._links_in_force(links), limit) if limit is not None else []
+        leaving = [pair for pair in before if pair not in after]
+        joining = [pair for pair in after if pair not in before]
+        if leaving:
+            tun_shortcut.set_routes(leaving, "del")
+        if joining:
+            tun_shortcut.set_routes(joining, "add")
 
     def counters(self, fresh: bool = False) -> list[dict]:
         """Per-pair counters from the delay line's last write (about once a second), or, `fresh`,
         from a write it makes now (SIGUSR1; up to COUNTERS_TIMEOUT_S)."""
-        if fresh:
-            return self._fresh_status().get("pairs", [])
-        return self.status().get("pairs", [])
+        rows = (self._fresh_status() if fresh else self.status()).get("pairs", [])
+        state = read_state(self.plan.prefix)
+        names = (state[0] if state else {}).get("shortcut_pairs") or []
+        if not names:
+            return rows
+        # The kernel carries these pairs (or did, until a link change sent them to the delay
+        # line): what each carried adds up. The kernel's side is read now.
+        pairs = [(self.plan.node(a), self.plan.node(b)) for a, b in names]
+        kernel = {(row["src"], row["dst"]): row for row in tun_shortcut.counters(self.plan, pairs)}
+        return [tun_shortcut.add_counters(row, kernel.get((row["src"], row["dst"]))) for row in rows]
 
     def _fresh_status(self) -> dict:
         state = read_state(self.plan.prefix)

@@ -1,0 +1,148 @@
+"""The tun backend's kernel shortcut: which pairs it takes, the commands it builds, and, as root, that
+the kernel carries those pairs (counters, RTT), that a link change sends them back to the delay
+line and a change back restores them, and that `down` and `clean` leave nothing."""
+
+import os
+import re
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from emulator.backends import tun_shortcut
+from emulator.backends.tun import TunBackend
+from emulator.plan import make_plan
+from emulator.topology import topology_from_dict
+
+POOL = "10.216.0.0/24"
+
+
+def _topology(nodes_aa=2, intra=None, pool=POOL):
+    return topology_from_dict({
+        "name": "shortcut-test", "address_pool": pool,
+        "regions": {"aa": {"nodes": nodes_aa}, "bb": {"nodes": 1}},
+        "intra_region": intra or {"rtt": "0.1ms", "rate": "1Gbit"},
+        "links": [{"between": ["aa", "bb"], "rtt": "20ms", "rate": "100Mbit"}]}, source="<test>")
+
+
+def _names(pairs):
+    return [(a.name, b.name) for a, b in pairs]
+
+
+# Which pairs ---------------------------------------------------------------------------------------
+def test_only_short_clean_pairs_are_taken():
+    plan = make_plan(_topology(nodes_aa=3))
+    assert _names(tun_shortcut.shortcut_pairs(plan, 0.2)) == [("aa-0", "aa-1"), ("aa-0", "aa-2"), ("aa-1", "aa-2")]
+    assert tun_shortcut.shortcut_pairs(plan, 0.05) == []  # 0.1 ms is over this limit
+    # dilated x4 the pair's round trip is 0.4 ms: the delay line times that
+    assert tun_shortcut.shortcut_pairs(make_plan(_topology(), time_dilation=4), 0.2) == []
+    for extra in ({"loss": "1%"}, {"jitter": "0.01ms"}):
+        lossy = make_plan(_topology(intra={"rtt": "0.1ms", "rate": "1Gbit", **extra}))
+        assert tun_shortcut.shortcut_pairs(lossy, 0.2) == [], extra
+
+
+def test_a_changed_or_downed_link_takes_its_pairs_off_the_shortcut():
+    plan = make_plan(_topology())
+    links = dict(plan.region_links)
+    links[("aa", "aa")] = None
+    assert tun_shortcut.shortcut_pairs(plan, 0.2, links) == []
+    links[("aa", "aa")] = replace(plan.region_links[("aa", "aa")], rate_bit_s=5e8)  # still short, but not the plan's
+    assert tun_shortcut.shortcut_pairs(plan, 0.2, links) == []
+    links[("aa", "aa")] = plan.region_links[("aa", "aa")]
+    assert _names(tun_shortcut.shortcut_pairs(plan, 0.2, links)) == [("aa-0", "aa-1")]
+
+
+# What it builds ------------------------------------------------------------------------------------
+def test_routes_and_bottlenecks_name_each_pair():
+    plan = make_plan(_topology(nodes_aa=3))
+    pairs = tun_shortcut.shortcut_pairs(plan, 0.2)
+    a0, a1, a2 = (plan.node(f"aa-{i}") for i in range(3))
+    routes = dict(tun_shortcut.route_batches(pairs, "add"))
+    assert routes[a0.namespace] == [
+        ["route", "add", f"{a1.address}/32", "dev", "lan0", "src", a0.address],
+        ["route", "add", f"{a2.address}/32", "dev", "lan0", "src", a0.address]]
+    assert plan.node("bb-0").namespace not in routes  # bb-0 keeps only its TUN route
+    batch = tun_shortcut.tc_batch(plan, pairs)
+    port1 = f"{plan.prefix}v{a1.rank}"
+    on_port1 = [cmd for cmd in batch if cmd[3] == port1]
+    # the receiver's port: the root, its default class, and per source (a0, a2) a class at the
+    # pair's rate, a bfifo in bytes and a filter on the source address
+    assert len(on_port1) == 2 + 2 * 3
+    assert ["filter", "add", "dev", port1, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+            "match", "ip", "src", f"{a0.address}/32", "flowid", "1:a"] in on_port1
+    rates = [cmd[cmd.index("rate") + 1] for cmd in on_port1 if cmd[0] == "class" and cmd[7] != "1:1"]
+    assert rates == ["1Gbit", "1Gbit"]
+    assert any(cmd[0] == "qdisc" and "bfifo" in cmd for cmd in on_port1)
+
+
+def test_counters_add_the_kernels_side():
+    row = {"src": "aa-0", "dst": "aa-1", "packets": 3, "bytes": 300, "drops_queue": 0, "drops_loss": 0,
+           "dropped_bytes": 0, "peak_backlog_bytes": 0}
+    kernel = {"src": "aa-0", "dst": "aa-1", "packets": 10, "bytes": 1000, "drops_queue": 2, "drops_loss": 0,
+              "backlog_bytes": 0, "offered_packets": 12}
+    total = tun_shortcut.add_counters(row, kernel)
+    assert (total["packets"], total["bytes"], total["drops_queue"]) == (13, 1300, 2)
+    assert total["src"] == "aa-0" and set(total) == set(row)
+    assert tun_shortcut.add_counters(row, None) is row
+
+
+# As root: the kernel carries the pair ------------------------------------------------------------
+needs_root = pytest.mark.skipif(os.geteuid() != 0 or not Path("/dev/net/tun").exists(),
+                                reason="needs root and /dev/net/tun")
+TEST_PREFIX = f"ts{os.getpid() % 10000:04d}"
+PING_AVG = re.compile(r"rtt min/avg/max/mdev = [0-9.]+/([0-9.]+)/")
+
+
+def _ping_avg_ms(node, dst, count=10):
+    from emulator import netns
+
+    out = subprocess.run(netns.exec_argv(node, ["ping", "-n", "-q", "-c", str(count), "-i", "0.05", dst.address]),
+                         capture_output=True, text=True, timeout=30).stdout
+    return float(PING_AVG.search(out).group(1))
+
+
+@needs_root
+@pytest.mark.integration
+def test_kernel_carries_the_pair_until_a_link_change_and_after_it_is_undone(tmp_path, monkeypatch):
+    from emulator import netns
+    from emulator.clean import clean
+
+    monkeypatch.setenv("WANBENCH_PREFIX", TEST_PREFIX)
+    backend = TunBackend(make_plan(_topology(intra={"rtt": "0.1ms", "rate": "1Gbit"})))
+    plan = backend.plan
+    a0, a1, b0 = plan.node("aa-0"), plan.node("aa-1"), plan.node("bb-0")
+    core = f"{TEST_PREFIX}-core"
+    try:
+        backend.up()
+        assert core in netns.list_namespaces(TEST_PREFIX)
+        # the kernel's path: no delay line wake-up, well under the 0.1 ms spec plus its ~0.2 ms
+        assert _ping_avg_ms(a0, a1) < 0.2
+        assert 19.9 < _ping_avg_ms(a0, b0, count=3) < 21.0  # other pairs: the delay line
+        delay_line = {(r["src"], r["dst"]): r for r in backend._fresh_status()["pairs"]}
+        kernel = {(r["src"], r["dst"]): r for r in tun_shortcut.counters(plan, [(a0, a1)])}
+        both = {(r["src"], r["dst"]): r for r in backend.counters(fresh=True)}
+        for pair in [("aa-0", "aa-1"), ("aa-1", "aa-0")]:
+            assert delay_line[pair]["packets"] == 0  # nothing of the pair went through the delay line
+            assert kernel[pair]["packets"] >= 10 and both[pair]["packets"] == kernel[pair]["packets"]
+        assert delay_line[("aa-0", "bb-0")]["packets"] >= 3 and ("aa-0", "bb-0") not in kernel
+
+        slow = replace(plan.region_links[("aa", "aa")], one_way_delay_ms=5.0)
+        backend.set_link("aa", "aa", slow)  # (aa, aa) is both directions: 10 ms, the delay line's
+        assert 9.9 < _ping_avg_ms(a0, a1, count=5) < 11.0
+        assert "lan0" not in subprocess.run(["ip", "-n", a0.namespace, "route"], capture_output=True,
+                                            text=True).stdout
+        backend.set_link("aa", "aa", plan.region_links[("aa", "aa")])  # back: the kernel again
+        kernel_before = tun_shortcut.counters(plan, [(a0, a1)])[0]["packets"]
+        assert _ping_avg_ms(a0, a1) < 0.2
+        assert tun_shortcut.counters(plan, [(a0, a1)])[0]["packets"] >= kernel_before + 10
+
+        backend.down()
+        assert netns.list_namespaces(TEST_PREFIX) == []
+        # a leftover core namespace (a crash between up's steps) is clean's to remove
+        subprocess.run(["ip", "netns", "add", core], check=True)
+        assert core in "\n".join(clean(TEST_PREFIX))
+        assert netns.list_namespaces(TEST_PREFIX) == []
+    finally:
+        backend.down()
+        subprocess.run(["ip", "netns", "del", core], capture_output=True)
