@@ -556,6 +556,15 @@ class ThreadedStreamDriver:
                 return
 
 
+@dataclass(frozen=True)
+class StreamMessage:
+    """A message built in place (:meth:`MessageStreams.new_message`): ``payload`` is the view of
+    ``buffer`` after the key, to fill before handing the message to :meth:`MessageStreams.put`."""
+
+    buffer: torch.Tensor
+    payload: torch.Tensor
+
+
 class MessageStreams:
     """Keyed messages of one fixed size between every pair of ranks, over one stream per ordered
     pair: the transport of a parameter-server exchange (``p3``, ``ps_sync``).
@@ -572,6 +581,9 @@ class MessageStreams:
     ``on_message(src, key, payload)`` runs under :attr:`lock` (on a receiving thread, or as an
     event in the simulator) and may :meth:`put`; the payload is valid only during the call. A put
     to this rank itself calls it at once. Every other method runs on the rank's own thread.
+
+    A payload gathered from several tensors is best built in the message itself
+    (:meth:`new_message`), so that it is written once: a tensor handed to :meth:`put` is copied.
 
     Accounting: a message's bytes (payload and key) under ``isend`` when it is handed to the
     transport and under ``irecv`` when it arrives; time in :meth:`wait_until` is blocked time.
@@ -607,14 +619,29 @@ class MessageStreams:
         self._free: list[torch.Tensor] = []  # receive buffers whose message was handed on
         self.sent: deque = deque(maxlen=log_size)  # (destination, key), in the order handed to the transport
 
-    def put(self, destinations: list[int], key: int, payload: torch.Tensor, priority=0) -> None:
-        """Queue ``payload`` (``payload_numel`` elements; copied now) under ``key`` for each destination."""
+    def new_message(self) -> StreamMessage:
+        """An empty message of this stream's size: fill its ``payload`` (uninitialised, every
+        element of it) and hand it to :meth:`put`, which sends it without a copy."""
+        buffer = torch.empty(self.message_bytes, dtype=torch.uint8)
+        return StreamMessage(buffer, buffer[STREAM_KEY_BYTES:].view(self.dtype))
+
+    def put(self, destinations: list[int], key: int, payload: torch.Tensor | StreamMessage, priority=0) -> None:
+        """Queue ``payload`` under ``key`` for each destination: a tensor (``payload_numel``
+        elements) is copied now; a :class:`StreamMessage` from :meth:`new_message` is sent as it
+        is, and belongs to the streams from now on (not to be written again, nor put twice)."""
         self.driver.enter()
-        payload = payload.detach().reshape(-1)
-        if payload.numel() != self.payload_numel or payload.dtype != self.dtype:
-            raise ValueError(f"payload: need {self.payload_numel} elements of {self.dtype}, "
-                             f"got {payload.numel()} of {payload.dtype}")
         message = None
+        if isinstance(payload, StreamMessage):
+            if payload.buffer.numel() != self.message_bytes:
+                raise ValueError(f"payload: a message of {payload.buffer.numel()} bytes, this stream's are "
+                                 f"{self.message_bytes}")
+            message, payload = payload.buffer, payload.payload
+            message[:STREAM_KEY_BYTES].view(torch.int64)[0] = key
+        else:
+            payload = payload.detach().reshape(-1)
+            if payload.numel() != self.payload_numel or payload.dtype != self.dtype:
+                raise ValueError(f"payload: need {self.payload_numel} elements of {self.dtype}, "
+                                 f"got {payload.numel()} of {payload.dtype}")
         with self.lock:
             for dst in destinations:
                 if dst == self.comm.rank:

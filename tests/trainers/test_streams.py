@@ -74,6 +74,28 @@ def test_a_put_to_this_rank_is_delivered_at_once():
     assert not streams.sent
 
 
+def test_a_message_built_in_place_is_sent_as_it_is():
+    """new_message: the payload is written once, in the buffer the transport sends (put copies a
+    tensor, not a message); its key is written by put."""
+    handed = []
+
+    class Recording(HeldComm):
+        def _isend_background(self, tensor, dst, tag):
+            handed.append(tensor)
+            return (lambda: None), (lambda: True)
+
+    streams = MessageStreams(Recording(), 3, torch.float32, on_message=None)
+    message = streams.new_message()
+    message.payload.copy_(torch.tensor([1.0, 2.0, 3.0]))
+    streams.put([1], key=42, payload=message)
+    streams.close()
+    (sent,) = handed
+    assert sent.data_ptr() == message.buffer.data_ptr() and sent.numel() == 8 + 3 * 4
+    assert sent[:8].view(torch.int64).item() == 42 and sent[8:].view(torch.float32).tolist() == [1.0, 2.0, 3.0]
+    with pytest.raises(ValueError, match="a message of 20 bytes, this stream's are 24"):
+        MessageStreams(HeldComm(), 4, torch.float32, on_message=None).put([1], 1, message)
+
+
 def sim_network(n, latency_s=0.0005, rate_bytes=125e6):
     latency = np.full((n, n), latency_s)
     np.fill_diagonal(latency, 0.0)

@@ -299,10 +299,11 @@ class P3(Algorithm):
 
     def _push(self, k: int) -> None:
         piece = self.slices[k]
-        payload = torch.zeros(self.params.slice_elements, dtype=self.dtype)
+        message = self.streams.new_message()  # gathered into the message itself: one copy of each gradient
         for i, lo, hi, at in piece.segments:
-            payload[at : at + hi - lo].copy_(self.trainable[i].grad.detach().reshape(-1)[lo:hi])
-        self.streams.put([piece.owner], self._key(self.state.round, PUSH, k), payload, priority=(self.state.round, k))
+            message.payload[at : at + hi - lo].copy_(self.trainable[i].grad.detach().reshape(-1)[lo:hi])
+        message.payload[piece.numel :].zero_()  # the last slice's padding
+        self.streams.put([piece.owner], self._key(self.state.round, PUSH, k), message, priority=(self.state.round, k))
 
     def _key(self, step: int, kind: int, k: int) -> int:
         return (2 * step + kind) * len(self.slices) + k
@@ -328,13 +329,14 @@ class P3(Algorithm):
         if owned.count < self.comm.world_size:
             return
         owned.count = 0
-        average = owned.contributions[0].clone()
+        message = self.streams.new_message()  # the average is summed in the message it is sent in
+        average = message.payload.copy_(owned.contributions[0])
         for row in owned.contributions[1:]:  # in rank order: the same bits whatever the arrival order
             average.add_(row)
         average.div_(self.comm.world_size)
         self._slice_done(k, average)
         others = [r for r in range(self.comm.world_size) if r != self.comm.rank]
-        self.streams.put(others, self._key(step, PULL, k), average, priority=(step, k))
+        self.streams.put(others, self._key(step, PULL, k), message, priority=(step, k))
 
     def _slice_done(self, k: int, average: torch.Tensor) -> None:
         for i, lo, hi, at in self.slices[k].segments:
