@@ -96,6 +96,24 @@ def test_a_message_built_in_place_is_sent_as_it_is():
         MessageStreams(HeldComm(), 4, torch.float32, on_message=None).put([1], 1, message)
 
 
+def test_closing_on_an_error_drops_the_queue_waits_briefly_and_names_a_thread_left_running(caplog):
+    """close(drain=False): what is queued is dropped, the send in flight (held by its peer) is
+    waited for only ``timeout_s``, then named in a warning; close returns and raises nothing."""
+    comm = HeldComm()
+    streams = MessageStreams(comm, 4, torch.float32, on_message=None)
+    for key in (1, 2):
+        streams.put([1], key=key, payload=torch.zeros(4))
+    (thread,) = [t for _, t in streams.driver._workers.values()]
+    with caplog.at_level("WARNING", logger="trainers.comm"):
+        streams.close(drain=False, timeout_s=0.2)
+    assert thread.is_alive() and list(streams.sent) == [(1, 1)]
+    assert ("rank 0: message stream thread stream-send-1-rank0 (send, peer rank 1) still waits on its operation "
+            "0.2 s after close; left running") in caplog.messages
+    comm.released.release()  # the peer takes it after all: the thread ends, and 2 is never sent
+    thread.join(timeout=10)
+    assert not thread.is_alive() and list(streams.sent) == [(1, 1)]
+
+
 def sim_network(n, latency_s=0.0005, rate_bytes=125e6):
     latency = np.full((n, n), latency_s)
     np.fill_diagonal(latency, 0.0)

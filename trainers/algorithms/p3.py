@@ -47,8 +47,9 @@ point-to-point from background threads, so both are refused when the streams ope
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 from torch import nn
@@ -167,6 +168,10 @@ class P3(Algorithm):
                 group["lr"] = lr
 
     def train_step(self, step: int, batch: tuple) -> StepResult:
+        with self._streams_closed_on_error():
+            return self._train_step(batch)
+
+    def _train_step(self, batch: tuple) -> StepResult:
         first = self.streams is None
         if first:
             for param in self.trainable:
@@ -200,14 +205,16 @@ class P3(Algorithm):
 
     def deployable_model(self) -> nn.Module:
         """The local replica once every pending update is applied (replicas are identical)."""
-        self.flush()
+        with self._streams_closed_on_error():
+            self.flush()
         return self.model
 
     def finish(self) -> None:
-        self.flush()
-        if self.streams is not None:
-            self.streams.close()  # every message handed over: peers may still be receiving them
-            self.streams = None
+        with self._streams_closed_on_error():
+            self.flush()
+            if self.streams is not None:
+                self.streams.close()  # every message handed over: peers may still be receiving them
+                self.streams = None
 
     def flush(self) -> None:
         """Wait for this step's averages and apply every layer's update not yet applied."""
@@ -219,6 +226,19 @@ class P3(Algorithm):
             self._apply_layer(layer)
         self.state.round = None
         self.state.rounds += 1
+
+    @contextmanager
+    def _streams_closed_on_error(self) -> Iterator[None]:
+        """Whatever fails inside (this rank's step, or a stream), the streams are closed before
+        the error goes on (their threads told to end and waited for, briefly), and the error is
+        the one raised: closing on an error never raises (``MessageStreams.close(drain=False)``)."""
+        try:
+            yield
+        except BaseException:
+            if self.streams is not None:
+                self.streams.close(drain=False)
+                self.streams = None
+            raise
 
     # -- hooks ----------------------------------------------------------------------------------
 
