@@ -124,25 +124,15 @@ class _SimLinks:
         self.network.set_link(src_region, dst_region, down if spec is None else LinkSpec(**spec))
 
 
-@dataclasses.dataclass
-class SimCrashes:
-    """What the crash and restart actions did (what JobProcesses keeps on tun): rank -> virtual s
-    of its last kill, rank -> restarts."""
-
-    crashed_at: dict = dataclasses.field(default_factory=dict)
-    restarts: dict = dataclasses.field(default_factory=dict)
-
-
-def fault_actions(planned: list[dict], plan: Plan, record_path: Path, wall_time: Callable[[], float],
-                  crashes: Optional[SimCrashes] = None) -> list[tuple[float, Callable]]:
+def fault_actions(planned: list[dict], plan: Plan, record_path: Path,
+                  wall_time: Callable[[], float]) -> list[tuple[float, Callable]]:
     """`planned` (harness.faults.planned_actions) as (virtual time, action(simulator)) for
     run_simulated; each applied action is appended to `record_path` as on tun, with `wall_time()`
     (the virtual clock's reading, like the records' time_unix) as its time_unix. A crash or a
-    restart is the simulator's (`crash`, `restart`: its effect is what they say they did), noted
-    in `crashes`."""
+    restart is the simulator's (`crash`, `restart`: its effect is what they say they did; the
+    simulator keeps who was killed when and restarted how often, and run_simulated hands it back)."""
     links = _SimLinks(plan)
     ranks = {node.name: node.rank for node in plan.nodes}
-    crashes = SimCrashes() if crashes is None else crashes
     by_time: dict[float, list[dict]] = {}
     for action in planned:
         by_time.setdefault(action["due_s"], []).append(action)
@@ -159,17 +149,9 @@ def fault_actions(planned: list[dict], plan: Plan, record_path: Path, wall_time:
                         node, factor = call["cpu_factor"]
                         simulator.compute_factor[ranks[node]] = factor
                     elif "crash" in call:
-                        rank = ranks[call["crash"]]
-                        alive = simulator.alive(rank)
-                        effect = simulator.crash(rank)
-                        if alive:
-                            crashes.crashed_at[rank] = due_s
+                        effect = simulator.crash(ranks[call["crash"]])
                     else:
-                        rank = ranks[call["restart"]]
-                        before = simulator.generation[rank]
-                        effect = simulator.restart(rank)
-                        if simulator.generation[rank] > before:
-                            crashes.restarts[rank] = crashes.restarts.get(rank, 0) + 1
+                        effect = simulator.restart(ranks[call["restart"]])
                 ok = True
             except Exception as exc:  # noqa: BLE001 - a failed injection is recorded, the run goes on
                 effect, ok = f"{type(exc).__name__}: {exc}", False
@@ -193,15 +175,14 @@ def main(argv: Optional[list[str]] = None, engine: Optional[SimpleNamespace] = N
     config = load_config(job_dir / "config.json")
     network = engine.FluidNetwork.from_plan(plan, nic_rate_bit_s=spec.get("nic_rate_bit_s"), seed=spec["seed"])
     compute = engine.ComputeModel(**spec["compute"])
-    crashes = SimCrashes()
-    actions = fault_actions(spec.get("faults") or [], plan, job_dir / "faults.jsonl", engine.wall_time, crashes)
-    results = engine.run_simulated(config, len(plan.nodes), network, compute, actions)
-    ended = [r for r in results if r is not None]  # a rank killed and not restarted has none
+    actions = fault_actions(spec.get("faults") or [], plan, job_dir / "faults.jsonl", engine.wall_time)
+    run = engine.run_simulated(config, len(plan.nodes), network, compute, actions)
+    ended = [r for r in run if r is not None]  # a rank killed and not restarted has none
     stops = sorted({r.stop_reason for r in ended})
-    print(f"sim: {len(results)} ranks, rank 0 took {results[0].steps if results and results[0] else 0} steps "
+    print(f"sim: {len(run)} ranks, rank 0 took {run[0].steps if run and run[0] else 0} steps "
           f"({', '.join(stops) or 'no rank ran'})", flush=True)
-    if crashes.crashed_at:  # the job's reason, as on tun (harness.jobs.run_sim_job reads it)
-        print(crash_tolerated(crashes.crashed_at, crashes.restarts), flush=True)
+    if run.crashed_at:  # the job's reason, as on tun (harness.jobs.run_sim_job reads it)
+        print(crash_tolerated(run.crashed_at, run.restarts), flush=True)
     return 0
 
 

@@ -32,9 +32,11 @@ from __future__ import annotations
 import datetime
 import heapq
 import itertools
+import logging
 import os
 import queue
 import threading
+import time
 from collections import deque
 from trainers import clock
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -64,7 +66,15 @@ BACKGROUND_TAGS = 1024
 # The background tag of :class:`MessageStreams`' messages: past those the all-reduces cycle through.
 STREAM_TAG = BACKGROUND_TAGS
 STREAM_KEY_BYTES = 8  # each stream message starts with its key, one int64
+# How long closing the streams waits for their threads, in all (s). At the normal end every
+# operation is done and the threads only have to see the end; on an error, an operation still
+# waiting after a moment waits on a peer that is not answering, and the error should not wait
+# for it (the thread is a daemon, left behind and named in a warning).
+STREAM_CLOSE_S = 10.0
+STREAM_CLOSE_ON_ERROR_S = 2.0
 OPS = ("all_reduce", "broadcast", "all_gather", "send", "recv", "isend", "irecv", "barrier", "external")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -525,13 +535,20 @@ class ThreadedStreamDriver:
                     return
                 self._changed.wait()
 
-    def close(self) -> None:
-        """End the worker threads (after their queued operations)."""
-        for work, _ in self._workers.values():
-            work.put(None)
-        for _, thread in self._workers.values():
-            thread.join(timeout=10)
-        self._workers = {}
+    def close(self, timeout_s: float = STREAM_CLOSE_S) -> None:
+        """End the worker threads (each after its queued operations), waiting ``timeout_s`` for
+        all of them; one still running then (its operation waits on its peer) is left behind, a
+        daemon, with a warning that names it. Never raises."""
+        with self.lock:  # a worker's callback may start an operation (and a worker) meanwhile
+            workers, self._workers = self._workers, {}
+            for work, _ in workers.values():
+                work.put(None)
+        deadline = time.monotonic() + timeout_s  # real threads: the wall clock, never a virtual one
+        for (direction, peer), (_, thread) in workers.items():
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                log.warning("rank %d: message stream thread %s (%s, peer rank %d) still waits on its operation "
+                            "%.1f s after close; left running", self.comm.rank, thread.name, direction, peer, timeout_s)
 
     def _after(self, key: tuple[str, int], wait_fn: Callable, on_done: Callable[[], None]) -> None:
         if key not in self._workers:
@@ -556,6 +573,15 @@ class ThreadedStreamDriver:
                 return
 
 
+@dataclass(frozen=True)
+class StreamMessage:
+    """A message built in place (:meth:`MessageStreams.new_message`): ``payload`` is the view of
+    ``buffer`` after the key, to fill before handing the message to :meth:`MessageStreams.put`."""
+
+    buffer: torch.Tensor
+    payload: torch.Tensor
+
+
 class MessageStreams:
     """Keyed messages of one fixed size between every pair of ranks, over one stream per ordered
     pair: the transport of a parameter-server exchange (``p3``, ``ps_sync``).
@@ -572,6 +598,9 @@ class MessageStreams:
     ``on_message(src, key, payload)`` runs under :attr:`lock` (on a receiving thread, or as an
     event in the simulator) and may :meth:`put`; the payload is valid only during the call. A put
     to this rank itself calls it at once. Every other method runs on the rank's own thread.
+
+    A payload gathered from several tensors is best built in the message itself
+    (:meth:`new_message`), so that it is written once: a tensor handed to :meth:`put` is copied.
 
     Accounting: a message's bytes (payload and key) under ``isend`` when it is handed to the
     transport and under ``irecv`` when it arrives; time in :meth:`wait_until` is blocked time.
@@ -605,16 +634,32 @@ class MessageStreams:
         self._in_flight: dict[int, bool] = {peer: False for peer in peers}
         self._put_order = itertools.count()
         self._free: list[torch.Tensor] = []  # receive buffers whose message was handed on
+        self._closed = False  # closed on an error: nothing more is sent
         self.sent: deque = deque(maxlen=log_size)  # (destination, key), in the order handed to the transport
 
-    def put(self, destinations: list[int], key: int, payload: torch.Tensor, priority=0) -> None:
-        """Queue ``payload`` (``payload_numel`` elements; copied now) under ``key`` for each destination."""
+    def new_message(self) -> StreamMessage:
+        """An empty message of this stream's size: fill its ``payload`` (uninitialised, every
+        element of it) and hand it to :meth:`put`, which sends it without a copy."""
+        buffer = torch.empty(self.message_bytes, dtype=torch.uint8)
+        return StreamMessage(buffer, buffer[STREAM_KEY_BYTES:].view(self.dtype))
+
+    def put(self, destinations: list[int], key: int, payload: torch.Tensor | StreamMessage, priority=0) -> None:
+        """Queue ``payload`` under ``key`` for each destination: a tensor (``payload_numel``
+        elements) is copied now; a :class:`StreamMessage` from :meth:`new_message` is sent as it
+        is, and belongs to the streams from now on (not to be written again, nor put twice)."""
         self.driver.enter()
-        payload = payload.detach().reshape(-1)
-        if payload.numel() != self.payload_numel or payload.dtype != self.dtype:
-            raise ValueError(f"payload: need {self.payload_numel} elements of {self.dtype}, "
-                             f"got {payload.numel()} of {payload.dtype}")
         message = None
+        if isinstance(payload, StreamMessage):
+            if payload.buffer.numel() != self.message_bytes:
+                raise ValueError(f"payload: a message of {payload.buffer.numel()} bytes, this stream's are "
+                                 f"{self.message_bytes}")
+            message, payload = payload.buffer, payload.payload
+            message[:STREAM_KEY_BYTES].view(torch.int64)[0] = key
+        else:
+            payload = payload.detach().reshape(-1)
+            if payload.numel() != self.payload_numel or payload.dtype != self.dtype:
+                raise ValueError(f"payload: need {self.payload_numel} elements of {self.dtype}, "
+                                 f"got {payload.numel()} of {payload.dtype}")
         with self.lock:
             for dst in destinations:
                 if dst == self.comm.rank:
@@ -650,13 +695,30 @@ class MessageStreams:
         """Whether nothing is queued or in flight to any destination (call under the lock)."""
         return not any(self._queues.values()) and not any(self._in_flight.values())
 
-    def close(self) -> None:
-        """Wait until every queued message is handed to the transport, then stop the background work."""
-        self.wait_until(self.idle)
-        self.driver.close()
+    def close(self, drain: bool = True, timeout_s: Optional[float] = None) -> None:
+        """Stop the background work, its threads waited for ``timeout_s`` (default
+        :data:`STREAM_CLOSE_S`, or :data:`STREAM_CLOSE_ON_ERROR_S` without ``drain``).
+
+        drain: first wait until every queued message is handed to the transport (the normal end;
+            raises a stream's error). False, on an error: drop what is queued and start nothing
+            more; never raises, so that the error being handled is the one raised.
+        """
+        if drain:
+            self.wait_until(self.idle)
+            self.driver.close(STREAM_CLOSE_S if timeout_s is None else timeout_s)
+            return
+        try:
+            with self.lock:
+                self._closed = True
+                for waiting in self._queues.values():
+                    waiting.clear()
+            self.driver.close(STREAM_CLOSE_ON_ERROR_S if timeout_s is None else timeout_s)
+        except Exception as error:  # noqa: BLE001 - the caller is handling an error already
+            log.warning("rank %d: closing the message streams after an error failed too: %s: %s",
+                        self.comm.rank, type(error).__name__, error)
 
     def _start_next(self, dst: int) -> None:
-        if self._in_flight[dst] or not self._queues[dst]:
+        if self._closed or self._in_flight[dst] or not self._queues[dst]:
             return
         _, key, message = heapq.heappop(self._queues[dst])
         self._in_flight[dst] = True

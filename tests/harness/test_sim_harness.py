@@ -130,7 +130,7 @@ def test_crashes_and_restarts_become_actions_the_simulator_applies(write_yaml):
     backends = {job.algorithm: job.trainer_config.get("comm", {}).get("backend") for job in scenario.jobs}
     assert backends == {"sync": None, "swarmsgd": "tcp"}
     from emulator.plan import make_plan
-    from harness.sim_job import SimCrashes, fault_actions
+    from harness.sim_job import fault_actions
 
     plan = make_plan(scenario.topology_for(scenario.network_points()[0]))
     planned = planned_actions(scenario.spec.faults, plan.emulated_region_links())
@@ -138,28 +138,23 @@ def test_crashes_and_restarts_become_actions_the_simulator_applies(write_yaml):
         (1.0, "node_crash b-0", [{"crash": "b-0"}], None), (1.5, "restart b-0", [{"restart": "b-0"}], None)]
     json.dumps(planned)
 
-    class Simulator:  # what fault_actions asks of trainers.sim.Simulator
+    class Simulator:  # what fault_actions asks of trainers.sim.Simulator (which keeps the crash facts)
         def __init__(self):
-            self.network, self.generation, self.running = None, [0, 0], {0, 1}
-
-        def alive(self, rank):
-            return rank in self.running
+            self.network, self.calls = None, []
 
         def crash(self, rank):
-            self.running.discard(rank)
+            self.calls.append(("crash", rank))
             return f"rank {rank} killed"
 
         def restart(self, rank):
-            self.generation[rank] += 1
-            self.running.add(rank)
+            self.calls.append(("restart", rank))
             return f"rank {rank} restarted (restart 1)"
 
-    crashes = SimCrashes()
     record = Path(write_yaml("", "faults.jsonl"))
     simulator = Simulator()
-    for due_s, apply in fault_actions(planned, plan, record, lambda: 1_700_000_000.0, crashes):
+    for due_s, apply in fault_actions(planned, plan, record, lambda: 1_700_000_000.0):
         apply(simulator)
-    assert (crashes.crashed_at, crashes.restarts) == ({1: 1.0}, {1: 1})
+    assert simulator.calls == [("crash", 1), ("restart", 1)]
     faults = [json.loads(line) for line in record.read_text().splitlines()]
     assert [(f["applied_s"], f["what"], f["effect"], f["ok"]) for f in faults] == [
         (1.0, "node_crash b-0", "rank 1 killed", True), (1.5, "restart b-0", "rank 1 restarted (restart 1)", True)]
@@ -175,6 +170,7 @@ FAKE_ENGINE = textwrap.dedent('''
     from types import SimpleNamespace
 
     import harness.sim_job
+    from trainers.sim import SimulatedRun
 
     T0 = 1_700_000_000.0
     now = [0.0]
@@ -223,7 +219,8 @@ FAKE_ENGINE = textwrap.dedent('''
             "world_size": world_size, "compute": dataclasses.asdict(compute), "nic": network.nic,
             "seed": network.seed, "action_times": [a[0] for a in actions], "set_link": network.calls,
             "factors": factors}))
-        return [SimpleNamespace(steps=config.steps, stop_reason="steps") for _ in range(world_size)]
+        return SimulatedRun([SimpleNamespace(steps=config.steps, stop_reason="steps") for _ in range(world_size)],
+                            crashed_at={}, restarts={})
 
     engine = SimpleNamespace(FluidNetwork=FluidNetwork, ComputeModel=ComputeModel, run_simulated=run_simulated,
                              wall_time=lambda: T0 + now[0])

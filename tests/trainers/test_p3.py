@@ -78,6 +78,56 @@ def test_deferred_updates_match_plain_sgd_on_one_rank(algorithm):
         assert torch.allclose(ours, theirs, atol=1e-6)
 
 
+class AnsweringPeer(HeldComm):
+    """Rank 0 of 2 on the threaded driver gloo's comm uses, its peer answering at once: every send
+    is handed over, every receive gets rank 1's push of slice 0 for the next step (the model fits
+    one slice, which rank 0 owns)."""
+
+    def __init__(self):
+        super().__init__(world_size=2)
+        self.pushes_received = 0
+
+    def _isend_background(self, tensor, dst, tag):
+        return (lambda: None), (lambda: True)
+
+    def _irecv_background(self, buffer, src, tag):
+        step, self.pushes_received = self.pushes_received, self.pushes_received + 1
+
+        def wait():
+            buffer.zero_()
+            buffer[:8].view(torch.int64)[0] = 2 * step  # P3._key(step, PUSH, 0) with one slice
+        return wait, (lambda: True)
+
+
+@pytest.mark.parametrize("algorithm", [P3, PSSync])
+def test_an_error_in_a_step_closes_the_streams_and_is_the_error_raised(algorithm):
+    """This rank fails in the middle of step 1: the streams' threads end (nothing waits on them
+    afterwards) and the error that comes out of train_step is the rank's own."""
+    failing = []
+
+    def loss(model, batch):
+        value = loss_fn(model, batch)
+        if failing:
+            raise FloatingPointError("loss is nan at step 1")
+        return value
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 5), nn.ReLU(), nn.Linear(5, 3))
+    ctx = AlgorithmContext(model=model, comm=AnsweringPeer(), loss_fn=loss, optimizer=OptimizerConfig(), lr=0.1,
+                           device=torch.device("cpu"))
+    alg = algorithm(algorithm.Params(slice_elements=1000), ctx)
+    batch = (torch.randn(8, 4), torch.randint(3, (8,)))
+    alg.train_step(0, batch)
+    alg.deployable_model()  # step 0's exchange done: its pull handed to the send thread
+    threads = [thread for _, thread in alg.streams.driver._workers.values()]
+    assert sorted(t.name for t in threads) == ["stream-recv-1-rank0", "stream-send-1-rank0"]
+    assert all(t.is_alive() for t in threads)
+    failing.append(True)
+    with pytest.raises(FloatingPointError, match="loss is nan at step 1"):
+        alg.train_step(1, batch)
+    assert not any(t.is_alive() for t in threads) and alg.streams is None
+
+
 # -- the simulator ------------------------------------------------------------------------------
 
 

@@ -325,3 +325,11 @@ def test_the_forward_pass_spends_its_time_layer_by_layer_by_multiply_accumulates
     # the first forward only measures (its share is spent with the first gradient)
     assert reached_linear == pytest.approx([0.0, 1.0 + 0.5 * 14_336 / 19_466])
     assert sim.now == pytest.approx(2.0)
+
+
+def test_run_simulated_hands_back_who_was_killed_and_restarted(tmp_path):
+    """The crash facts have one owner, the simulator: run_simulated returns them with the ranks'
+    results (harness.sim_job reports a tolerated crash from them)."""
+    results, _ = crash_run(tmp_path, "d")
+    assert [r.steps for r in results] == [100] * 4
+    assert (results.crashed_at, results.restarts) == ({2: 0.5}, {2: 1})

@@ -74,6 +74,46 @@ def test_a_put_to_this_rank_is_delivered_at_once():
     assert not streams.sent
 
 
+def test_a_message_built_in_place_is_sent_as_it_is():
+    """new_message: the payload is written once, in the buffer the transport sends (put copies a
+    tensor, not a message); its key is written by put."""
+    handed = []
+
+    class Recording(HeldComm):
+        def _isend_background(self, tensor, dst, tag):
+            handed.append(tensor)
+            return (lambda: None), (lambda: True)
+
+    streams = MessageStreams(Recording(), 3, torch.float32, on_message=None)
+    message = streams.new_message()
+    message.payload.copy_(torch.tensor([1.0, 2.0, 3.0]))
+    streams.put([1], key=42, payload=message)
+    streams.close()
+    (sent,) = handed
+    assert sent.data_ptr() == message.buffer.data_ptr() and sent.numel() == 8 + 3 * 4
+    assert sent[:8].view(torch.int64).item() == 42 and sent[8:].view(torch.float32).tolist() == [1.0, 2.0, 3.0]
+    with pytest.raises(ValueError, match="a message of 20 bytes, this stream's are 24"):
+        MessageStreams(HeldComm(), 4, torch.float32, on_message=None).put([1], 1, message)
+
+
+def test_closing_on_an_error_drops_the_queue_waits_briefly_and_names_a_thread_left_running(caplog):
+    """close(drain=False): what is queued is dropped, the send in flight (held by its peer) is
+    waited for only ``timeout_s``, then named in a warning; close returns and raises nothing."""
+    comm = HeldComm()
+    streams = MessageStreams(comm, 4, torch.float32, on_message=None)
+    for key in (1, 2):
+        streams.put([1], key=key, payload=torch.zeros(4))
+    (thread,) = [t for _, t in streams.driver._workers.values()]
+    with caplog.at_level("WARNING", logger="trainers.comm"):
+        streams.close(drain=False, timeout_s=0.2)
+    assert thread.is_alive() and list(streams.sent) == [(1, 1)]
+    assert ("rank 0: message stream thread stream-send-1-rank0 (send, peer rank 1) still waits on its operation "
+            "0.2 s after close; left running") in caplog.messages
+    comm.released.release()  # the peer takes it after all: the thread ends, and 2 is never sent
+    thread.join(timeout=10)
+    assert not thread.is_alive() and list(streams.sent) == [(1, 1)]
+
+
 def sim_network(n, latency_s=0.0005, rate_bytes=125e6):
     latency = np.full((n, n), latency_s)
     np.fill_diagonal(latency, 0.0)

@@ -47,8 +47,9 @@ point-to-point from background threads, so both are refused when the streams ope
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 from torch import nn
@@ -167,6 +168,10 @@ class P3(Algorithm):
                 group["lr"] = lr
 
     def train_step(self, step: int, batch: tuple) -> StepResult:
+        with self._streams_closed_on_error():
+            return self._train_step(batch)
+
+    def _train_step(self, batch: tuple) -> StepResult:
         first = self.streams is None
         if first:
             for param in self.trainable:
@@ -200,14 +205,16 @@ class P3(Algorithm):
 
     def deployable_model(self) -> nn.Module:
         """The local replica once every pending update is applied (replicas are identical)."""
-        self.flush()
+        with self._streams_closed_on_error():
+            self.flush()
         return self.model
 
     def finish(self) -> None:
-        self.flush()
-        if self.streams is not None:
-            self.streams.close()  # every message handed over: peers may still be receiving them
-            self.streams = None
+        with self._streams_closed_on_error():
+            self.flush()
+            if self.streams is not None:
+                self.streams.close()  # every message handed over: peers may still be receiving them
+                self.streams = None
 
     def flush(self) -> None:
         """Wait for this step's averages and apply every layer's update not yet applied."""
@@ -219,6 +226,19 @@ class P3(Algorithm):
             self._apply_layer(layer)
         self.state.round = None
         self.state.rounds += 1
+
+    @contextmanager
+    def _streams_closed_on_error(self) -> Iterator[None]:
+        """Whatever fails inside (this rank's step, or a stream), the streams are closed before
+        the error goes on (their threads told to end and waited for, briefly), and the error is
+        the one raised: closing on an error never raises (``MessageStreams.close(drain=False)``)."""
+        try:
+            yield
+        except BaseException:
+            if self.streams is not None:
+                self.streams.close(drain=False)
+                self.streams = None
+            raise
 
     # -- hooks ----------------------------------------------------------------------------------
 
@@ -299,10 +319,11 @@ class P3(Algorithm):
 
     def _push(self, k: int) -> None:
         piece = self.slices[k]
-        payload = torch.zeros(self.params.slice_elements, dtype=self.dtype)
+        message = self.streams.new_message()  # gathered into the message itself: one copy of each gradient
         for i, lo, hi, at in piece.segments:
-            payload[at : at + hi - lo].copy_(self.trainable[i].grad.detach().reshape(-1)[lo:hi])
-        self.streams.put([piece.owner], self._key(self.state.round, PUSH, k), payload, priority=(self.state.round, k))
+            message.payload[at : at + hi - lo].copy_(self.trainable[i].grad.detach().reshape(-1)[lo:hi])
+        message.payload[piece.numel :].zero_()  # the last slice's padding
+        self.streams.put([piece.owner], self._key(self.state.round, PUSH, k), message, priority=(self.state.round, k))
 
     def _key(self, step: int, kind: int, k: int) -> int:
         return (2 * step + kind) * len(self.slices) + k
@@ -328,13 +349,14 @@ class P3(Algorithm):
         if owned.count < self.comm.world_size:
             return
         owned.count = 0
-        average = owned.contributions[0].clone()
+        message = self.streams.new_message()  # the average is summed in the message it is sent in
+        average = message.payload.copy_(owned.contributions[0])
         for row in owned.contributions[1:]:  # in rank order: the same bits whatever the arrival order
             average.add_(row)
         average.div_(self.comm.world_size)
         self._slice_done(k, average)
         others = [r for r in range(self.comm.world_size) if r != self.comm.rank]
-        self.streams.put(others, self._key(step, PULL, k), average, priority=(step, k))
+        self.streams.put(others, self._key(step, PULL, k), message, priority=(step, k))
 
     def _slice_done(self, k: int, average: torch.Tensor) -> None:
         for i, lo, hi, at in self.slices[k].segments:

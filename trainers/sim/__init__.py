@@ -26,9 +26,11 @@ GPUs (ranks compute on the CPU; a compute model or profile stands for the accele
 
 from __future__ import annotations
 
+import dataclasses
 import resource
 import time
-from typing import Callable, Optional, Sequence
+from collections.abc import Sequence
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -42,7 +44,7 @@ from .elastic import ElasticSimComm
 from .engine import ComputeModel, Deadlock, Simulator
 from trainers.padding import backward_shares, layer_macs, owning_layers  # the layers' shares, as on the wall clock
 
-__all__ = ["ComputeModel", "Deadlock", "ElasticSimComm", "SimComm", "Simulator", "run_simulated",
+__all__ = ["ComputeModel", "Deadlock", "ElasticSimComm", "SimComm", "SimulatedRun", "Simulator", "run_simulated",
            "UNSUPPORTED_ALGORITHMS"]
 
 # Algorithms whose communication does not go through the comm layer.
@@ -147,13 +149,40 @@ class _ComputeSpread:
         self.share = backward_shares(self.layers, self.macs)
 
 
+@dataclasses.dataclass(frozen=True)
+class SimulatedRun(Sequence):
+    """What :func:`run_simulated` hands back: each rank's ``RunResult`` (its last process's; None
+    for a rank killed and not restarted), indexed and iterated as a list, and the crash facts,
+    which the simulator kept (what the harness's ``JobProcesses`` keeps on tun).
+
+    Args:
+        results: per rank.
+        crashed_at: rank -> virtual s of its last kill (``Simulator.crashed_at``).
+        restarts: rank -> how often it was restarted, ranks never restarted left out
+            (``Simulator.generation``).
+    """
+
+    results: list
+    crashed_at: dict[int, float]
+    restarts: dict[int, int]
+
+    @classmethod
+    def of(cls, sim: Simulator, results: list) -> "SimulatedRun":
+        return cls(list(results), dict(sim.crashed_at),
+                   {rank: generation for rank, generation in enumerate(sim.generation) if generation})
+
+    def __getitem__(self, index):
+        return self.results[index]
+
+    def __len__(self) -> int:
+        return len(self.results)
 
 
 def run_simulated(config: Config, world_size: int, network, compute: ComputeModel,
                   actions: Sequence[tuple[float, Callable[[Simulator], None]]] = (),
-                  max_time_s: Optional[float] = None) -> list:
+                  max_time_s: Optional[float] = None) -> SimulatedRun:
     """Run ``world_size`` ranks of ``config`` on ``network`` and ``compute``; returns each rank's
-    ``RunResult`` (its last process's; None for a rank killed and not restarted).
+    ``RunResult`` with the ranks killed and restarted (:class:`SimulatedRun`).
     ``actions``: (virtual s, fn(simulator)) run at those times (faults: link changes through
     ``simulator.network.set_link``, stragglers through ``simulator.compute_factor``, crashes and
     restarts through ``simulator.crash`` / ``simulator.restart``). Raises the first rank's error,
@@ -207,7 +236,7 @@ def run_simulated(config: Config, world_size: int, network, compute: ComputeMode
                            f"{type(error).__name__}: {error}") from error
     if killed and not elastic:  # the others ended before the crash reached them: still a lost rank
         raise RuntimeError(f"{killed}: {cannot_take_back(config.algorithm.name)}")
-    return results
+    return SimulatedRun.of(sim, results)
 
 
 def _raise_open_files_limit() -> None:

@@ -274,7 +274,7 @@ class SimStreamDriver:
             self.sim.wait(self._waiting)
         self._waiting = None
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 0.0) -> None:
         """Nothing runs in the background between events."""
 
 
