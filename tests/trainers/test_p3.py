@@ -156,6 +156,27 @@ def test_on_the_simulator_p3_and_ps_sync_equal_sync(tmp_path):
             assert step["bytes_sent"] == messages * (8 + 4 * 500)
 
 
+def test_on_the_simulator_p3_and_ps_sync_equal_sync_with_batchnorm(tmp_path):
+    """ResNet-20: BatchNorm's running statistics are buffers, broadcast from rank 0 every step.
+    Copied between forward and backward (where p3 did it before) they failed autograd's in-place
+    check in the first backward ("modified by an inplace operation"); now the same weights and
+    buffers as sync."""
+    base = {key: value for key, value in BASE_CONFIG.items() if key != "model"}
+    common = {"steps": 3, "save_final_model": True, "batch_size": 4, "model": {"name": "resnet20"},
+              "dataset": CIFAR_SHAPED, "optimizer": {"momentum": 0.9}}
+    runs = {"sync": {"name": "sync"}, "p3": {"name": "p3", "params": {"slice_elements": 20000}},
+            "ps_sync": {"name": "ps_sync", "params": {"slice_elements": 20000}}}
+    for name, algorithm in runs.items():
+        config = load_config(merge(base, {**common, "algorithm": algorithm, "output_dir": str(tmp_path / name)}))
+        run_simulated(config, 2, sim_network(2), ComputeModel(0.01))
+    for name in ("p3", "ps_sync"):
+        for rank in range(2):
+            ours = torch.load(tmp_path / name / f"rank{rank}_final.pt")
+            theirs = torch.load(tmp_path / "sync" / f"rank{rank}_final.pt")
+            assert any("running_mean" in k for k in ours)
+            assert max((ours[k].float() - theirs[k].float()).abs().max().item() for k in ours) < 1e-5
+
+
 VGG = {"name": "vgg", "params": {"conv_channels": [16, 32, 64], "fc_sizes": [512, 512]}}
 CIFAR_SHAPED = {"name": "synthetic_cifar", "params": {"n_train": 400, "n_test": 100}}
 

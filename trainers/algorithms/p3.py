@@ -65,8 +65,8 @@ PUSH, PULL = 0, 1
 @dataclass
 class P3Params:
     """Args: slice_elements: elements per slice and message (P3's default 40,000); broadcast_buffers:
-    copy rank 0's buffers (BatchNorm statistics) to all ranks every step, as `sync` does (here
-    after the forward pass)."""
+    copy rank 0's buffers (BatchNorm statistics) to all ranks every step, before the forward
+    pass, as `sync` does."""
 
     slice_elements: int = 40_000
     broadcast_buffers: bool = True
@@ -183,6 +183,11 @@ class P3(Algorithm):
             self._expect_round()  # this step's receives, before the forward pass: nothing waits for them
             if not self.per_layer:
                 self.flush()
+        # Before the forward pass, as sync and DDP do. Not between forward and backward: BatchNorm's
+        # backward reads the running statistics the forward saved, and a copy into them there
+        # fails autograd's in-place check.
+        if self.params.broadcast_buffers and self._buffers:
+            self.broadcast_tensors(self._buffers, src=0)
         self._recording_order = first
         started = clock.perf_counter()
         loss = self.ctx.loss_fn(self.model, batch)  # pre-hooks apply last step's updates layer by layer
@@ -191,8 +196,6 @@ class P3(Algorithm):
         if first:
             self._open()
             self._expect_round()
-        if self.params.broadcast_buffers and self._buffers:
-            self.broadcast_tensors(self._buffers, src=0)
         self._begin_round()
         loss.backward()  # gradient hooks push the slices whose gradients are complete
         self.pad_compute(started)  # a compute profile's step time; the messages in flight overlap it
