@@ -5,7 +5,8 @@ process on a virtual clock (trainers.sim) over a fluid model of the point's netw
 The harness (harness/jobs.py `run_sim_job`) writes, before starting it:
     JOB_DIR/config.json   the trainer config, as for a job on tun (output_dir: JOB_DIR)
     JOB_DIR/sim.json      {plan: the point's plan.json, seed, nic_rate_bit_s, compute: {forward_backward_s,
-                          step_overhead_s, source}, faults: harness.faults.planned_actions(...)}
+                          step_overhead_s, source[, start_offsets_s: per rank]},
+                          faults: harness.faults.planned_actions(...)}
 and the ranks write what they write on tun (rank<N>.jsonl, snapshots/, config.resolved.json),
 with every time in virtual seconds. Fault actions (link changes, stragglers, crashes and
 restarts) are applied at their virtual times and appended to JOB_DIR/faults.jsonl as on tun. A
