@@ -10,6 +10,13 @@ network model is the same plan. Per job it prints tun's and sim's steps/s, time 
 accuracy and bytes sent per step per node, and the relative error of each (sim / tun - 1), then
 the median and worst absolute error. Writes a CSV under results/bench/. Needs root (tun).
 
+Start-up (``--start-offsets tun``, the default): tun's ranks begin their first step apart
+(process start-up, data loading, the first broadcast on 2 shared cores: 0.3-0.6 s at 4 nodes,
+0.7-1.2 s at 16); the sim half is given each tun job's own skew, per node, as
+``sim.start_offsets_s`` (``start_offsets``: each rank's first step record's ``time_unix - step_s``,
+less the job's earliest), so its ranks' first steps are as far apart as tun's.
+``--start-offsets none`` simulates without them (the calibration before the start-up term).
+
 Steps/s is also read in steady state (``steady_steps_per_s``: each rank's steps after its first
 ``STEADY_FROM`` over the time they took, median over the job's ranks), because tun's ranks start
 up to ~0.3 s apart (process start-up, data loading) while sim's start together: with async PS a
@@ -105,6 +112,29 @@ def compute_model(run_dir: Path) -> dict:
             "samples": len(forward_backward)}
 
 
+def start_offsets(job_dir: Path) -> dict[str, float]:
+    """Node name -> seconds from the job's earliest first step to this node's first step, on the
+    wall clock: each rank's first step began at its step record's ``time_unix`` less its
+    ``step_s`` (its step loop, after start-up, data loading and the setup broadcast; the
+    training clock's zero for that rank in harness.results). Ranks are named by the job's
+    network point's plan.json."""
+    job = json.loads((job_dir / "job.json").read_text())
+    extra = (job.get("network") or {}).get("extra_servers")
+    plan = json.loads((job_dir.parents[1] / (job["network_key"] + (f"-ps{extra}" if extra else "")) / "plan.json").read_text())
+    names = {node["rank"]: node["name"] for node in plan["nodes"]}
+    firsts = {}
+    for path in sorted(job_dir.glob("rank*.jsonl")):
+        step = next(r for r in read_complete_records(path) if r.get("kind") == "step")
+        firsts[names[int(path.stem.removeprefix("rank"))]] = step["time_unix"] - step["step_s"]
+    earliest = min(firsts.values())
+    return {node: round(first - earliest, 6) for node, first in sorted(firsts.items())}
+
+
+def job_dirs(run_dir: Path) -> dict[str, Path]:
+    """Label -> job directory (one seed per label in this bench)."""
+    return {json.loads(path.read_text())["label"]: path.parent for path in (run_dir / "jobs").glob("*/job.json")}
+
+
 def steady_steps_per_s(job_dir: Path) -> float | None:
     """Median over the job's ranks of (steps after the first STEADY_FROM) / (the time they took)."""
     rates = []
@@ -132,8 +162,16 @@ def relative_error(sim, tun):
     return float(sim) / float(tun) - 1.0
 
 
+def shown(path: Path) -> str:
+    """A run directory relative to the repository where it lies inside it."""
+    try:
+        return str(path.relative_to(REPO))
+    except ValueError:
+        return str(path)
+
+
 def case(per_region: int, steps: int, target: float, topology: Path, algorithms: str,
-         tun_dir: Path | None = None) -> list[dict]:
+         tun_dir: Path | None = None, with_offsets: bool = True) -> list[dict]:
     nodes = 4 * per_region
     name = f"calibration-{nodes}"
     common = dict(nodes=nodes, per_region=per_region, steps=steps, target=target, topology=topology.resolve(),
@@ -143,16 +181,23 @@ def case(per_region: int, steps: int, target: float, topology: Path, algorithms:
         tun_dir = run_scenario(SCENARIO.format(name=name, backend="tun", sim="", **common), name, "tun")
     tun_wall = time.monotonic() - started
     model = compute_model(tun_dir)
-    sim_section = f"sim: {{compute_s: {model['compute_s']:.6f}, overhead_s: {model['overhead_s']:.6f}}}"
+    offsets = {label: start_offsets(job_dir) for label, job_dir in job_dirs(tun_dir).items()} if with_offsets else {}
+    sim_section = f"sim: {{compute_s: {model['compute_s']:.6f}, overhead_s: {model['overhead_s']:.6f}"
+    sim_section += f", start_offsets_s: {json.dumps(offsets)}}}" if offsets else "}"
     started = time.monotonic()
     sim_dir = run_scenario(SCENARIO.format(name=name, backend="sim", sim=sim_section, **common), name, "sim")
     sim_wall = time.monotonic() - started
     tun, sim = summary(tun_dir), summary(sim_dir)
+    tun_jobs, sim_jobs = job_dirs(tun_dir), job_dirs(sim_dir)
     rows = []
     for label in tun.index:
         row = {"nodes": nodes, "label": label, "compute_s": model["compute_s"], "overhead_s": model["overhead_s"],
-               "tun_run": str(tun_dir.relative_to(REPO)), "sim_run": str(sim_dir.relative_to(REPO)),
-               "tun_wall_s": tun_wall, "sim_wall_s": sim_wall}
+               "tun_run": shown(tun_dir), "sim_run": shown(sim_dir),
+               "tun_wall_s": tun_wall, "sim_wall_s": sim_wall,
+               # the first steps' spread (s): what tun measured, and what the sim half ran with
+               "tun_start_skew_s": max(start_offsets(tun_jobs[label]).values()),
+               "sim_start_skew_s": max(start_offsets(sim_jobs[label]).values()) if label in sim_jobs else None,
+               "start_offsets": "tun" if offsets else "none"}
         for metric in METRICS:
             a = tun.loc[label].get(metric)
             b = sim.loc[label].get(metric) if label in sim.index else None
@@ -181,6 +226,9 @@ def _main(argv=None) -> int:
     parser.add_argument("--tun-runs", default=None,
                         help="comma-separated run directories of earlier tun halves, one per node count, to "
                              "simulate again without re-running tun")
+    parser.add_argument("--start-offsets", choices=("tun", "none"), default="tun",
+                        help="tun: give the sim half each tun job's start-up skew (sim.start_offsets_s); "
+                             "none: simulate without a start-up term")
     args = parser.parse_args(argv)
     algorithms = ALGORITHMS
     if args.algorithms:
@@ -194,10 +242,12 @@ def _main(argv=None) -> int:
     tun_runs = [Path(p).resolve() for p in args.tun_runs.split(",")] if args.tun_runs else []
     tun_runs += [None] * (len(counts) - len(tun_runs))  # the node counts without one run tun now
     for per_region, tun_run in zip(counts, tun_runs):
-        for row in case(per_region, args.steps, args.target, args.topology, algorithms, tun_run):
+        for row in case(per_region, args.steps, args.target, args.topology, algorithms, tun_run,
+                        args.start_offsets == "tun"):
             rows.append(row)
             print(f"nodes {row['nodes']:3d} {row['label']:<22} compute {row['compute_s'] * 1e3:6.2f} ms "
-                  f"(+{row['overhead_s'] * 1e3:5.2f})  "
+                  f"(+{row['overhead_s'] * 1e3:5.2f})  start skew tun {row['tun_start_skew_s']:.2f} "
+                  f"sim {fmt(row['sim_start_skew_s'], '.2f')} s  "
                   + "  ".join(f"{m} tun {fmt(row[f'tun_{m}'])} sim {fmt(row[f'sim_{m}'])} "
                               f"err {fmt(row[f'error_{m}'], '+.1%')}" for m in METRICS), flush=True)
     print("\n| metric | jobs | median abs error | worst abs error |\n|---|---|---|---|")

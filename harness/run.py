@@ -232,7 +232,8 @@ def _run_points(scenario: Scenario, backend_cls, run_dir: Path, console, timeout
                 with _progress(console, job, stop, k, simulated=sim is not None) as (tick, state):
                     if sim is not None:
                         outcome = run_sim_job(job, job_dir, len(plan.nodes),
-                                              sim.job_spec(job, point_dir / "plan.json", faults), timeout_s, tick)
+                                              sim.job_spec(job, point_dir / "plan.json", faults, plan),
+                                              timeout_s, tick)
                     else:
                         dilated = dataclasses.replace(job, trainer_config=dilated_trainer_config(job.trainer_config, k))
                         outcome = run_job(plan, dilated, job_dir, port, timeout_s, tick,

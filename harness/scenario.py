@@ -143,12 +143,43 @@ class SimSettings(BaseModel):
         bit for bit). A compute profile's min_compute_s padding still applies on top.
     overhead_s: virtual seconds per step outside forward + backward.
     nic: each node's NIC rate ("10Gbit"), shared max-min by its flows; None: per-pair rates only.
+    start_offsets_s: start-up skew: node name -> seconds from the job's first node's first step to
+        this node's first step (every job), or algorithm label -> such a mapping (that algorithm's
+        jobs); a node not named starts at 0. None: no start-up term (the simulated setup's own
+        skew). trainers.sim.ComputeModel.start_offsets_s says how the simulator holds a rank.
     """
 
     model_config = ConfigDict(extra="forbid")
     compute_s: Union[float, Literal["auto"]] = AUTO_SIM_COMPUTE
     overhead_s: float = Field(0.0, ge=0, le=3600)
     nic: Optional[str] = None
+    start_offsets_s: Optional[dict[str, Union[float, dict[str, float]]]] = None
+
+    @field_validator("start_offsets_s", mode="before")
+    @classmethod
+    def _start_offsets_s(cls, value):
+        if value is None:
+            return value
+        if not isinstance(value, dict) or not value:
+            raise ValueError(f"must map node names to seconds, or algorithm labels to such maps, got {value!r}")
+        nested = [isinstance(v, dict) for v in value.values()]
+        if any(nested) and not all(nested):
+            raise ValueError("give node -> seconds (every job) or label -> {node: seconds}, not both")
+        for key, offsets in (value.items() if all(nested) else [("", value)]):
+            for node, seconds in offsets.items():
+                if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds <= 3600:
+                    where = f"{key}.{node}" if key else node
+                    raise ValueError(f"{where}: must be seconds in [0, 3600], got {seconds!r}")
+        return value
+
+    def start_offsets_for(self, label: str) -> Optional[dict[str, float]]:
+        """Node name -> start offset (s) for the jobs of the algorithm entry `label`; None: none given."""
+        given = self.start_offsets_s
+        if not given:
+            return None
+        if all(isinstance(v, dict) for v in given.values()):
+            return {node: float(s) for node, s in given[label].items()} if label in given else None
+        return {node: float(s) for node, s in given.items()}
 
     @field_validator("compute_s", mode="before")
     @classmethod
@@ -522,7 +553,33 @@ def scenario_from_dict(data: dict, source: str) -> Scenario:
                           source=source)
     if len(jobs) > MAX_JOBS:
         raise ConfigError("sweep", f"expands to {len(jobs)} runs, more than {MAX_JOBS}", source=source)
-    return Scenario(name=name, source_file=source, spec=spec, topology=topology, jobs=jobs)
+    scenario = Scenario(name=name, source_file=source, spec=spec, topology=topology, jobs=jobs)
+    if spec.sim.start_offsets_s:
+        _check_start_offsets(scenario)
+    return scenario
+
+
+def _check_start_offsets(scenario: Scenario) -> None:
+    """sim.start_offsets_s names algorithm labels the scenario has, and nodes that exist in a
+    network point of a job they apply to (in another point's job they do not apply)."""
+    given, source = scenario.spec.sim.start_offsets_s, scenario.source_file
+    labels = [entry.label or entry.name for entry in scenario.spec.algorithms]
+    by_label = all(isinstance(v, dict) for v in given.values())
+    for label in given if by_label else []:
+        if label not in labels:
+            raise ConfigError(f"sim.start_offsets_s.{label}", f"no algorithm with this label or name "
+                              f"(algorithms: {', '.join(labels)})", source=source)
+    nodes: dict[str, set[str]] = {}  # label -> node names of its jobs' network points
+    for job in scenario.jobs:
+        plan = make_plan(scenario.topology_for(job.network))
+        nodes.setdefault(job.base_label, set()).update(node.name for node in plan.nodes)
+    for label, offsets in (given.items() if by_label else [(None, given)]):
+        names = nodes.get(label, set()) if label else set().union(*nodes.values())
+        for node in offsets:
+            if node not in names:
+                raise ConfigError(f"sim.start_offsets_s.{label + '.' if label else ''}{node}",
+                                  f"no node of that name in the network points of the jobs it applies to "
+                                  f"(nodes: {', '.join(sorted(names))})", source=source)
 
 
 def load_scenario(path) -> Scenario:

@@ -5,7 +5,8 @@ process on a virtual clock (trainers.sim) over a fluid model of the point's netw
 The harness (harness/jobs.py `run_sim_job`) writes, before starting it:
     JOB_DIR/config.json   the trainer config, as for a job on tun (output_dir: JOB_DIR)
     JOB_DIR/sim.json      {plan: the point's plan.json, seed, nic_rate_bit_s, compute: {forward_backward_s,
-                          step_overhead_s, source}, faults: harness.faults.planned_actions(...)}
+                          step_overhead_s, source[, start_offsets_s: per rank]},
+                          faults: harness.faults.planned_actions(...)}
 and the ranks write what they write on tun (rank<N>.jsonl, snapshots/, config.resolved.json),
 with every time in virtual seconds. Fault actions (link changes, stragglers, crashes and
 restarts) are applied at their virtual times and appended to JOB_DIR/faults.jsonl as on tun. A
@@ -47,24 +48,39 @@ class SimRun:
         compute: step_time_key(trainer config) -> {forward_backward_s, step_overhead_s, source}.
         nic_rate_bit_s: each node's NIC, or None (per-pair rates only).
         time_dilation_ignored: the scenario's time_dilation, not applied on sim (None when 1).
+        start_offsets: algorithm label -> node name -> start offset (s), from sim.start_offsets_s;
+            a label not in it: no start-up term.
     """
 
     compute: dict
     nic_rate_bit_s: Optional[float]
     time_dilation_ignored: Optional[float | str] = None
+    start_offsets: dict = dataclasses.field(default_factory=dict)  # label -> {node: s} (sim.start_offsets_s)
 
     def job_compute(self, job: Job) -> dict:
         return self.compute[step_time_key(job.trainer_config)]
 
-    def job_spec(self, job: Job, plan_path: Path, faults: list[dict]) -> dict:
-        """A job's sim.json: the plan, the seed, the compute model, the NIC, the fault actions."""
+    def job_spec(self, job: Job, plan_path: Path, faults: list[dict], plan: Optional[Plan] = None) -> dict:
+        """A job's sim.json: the plan, the seed, the compute model (with the job's start offsets
+        per rank, where the scenario gives them: `plan` maps its node names to ranks), the NIC,
+        the fault actions."""
+        compute = dict(self.job_compute(job))
+        offsets = self.start_offsets.get(job.base_label or job.label) if self.start_offsets else None
+        if offsets is not None:
+            if plan is None:
+                raise ValueError("start offsets need the job's plan to map node names to ranks")
+            by_rank = {node.rank: offsets.get(node.name, 0.0) for node in plan.nodes}
+            compute["start_offsets_s"] = [by_rank[rank] for rank in range(len(plan.nodes))]
         return {"plan": str(plan_path), "seed": job.seed, "nic_rate_bit_s": self.nic_rate_bit_s,
-                "compute": self.job_compute(job), "faults": faults}
+                "compute": compute, "faults": faults}
 
     def record(self) -> dict:
         """scenario.json's `sim`."""
-        return {"compute": list(self.compute.values()), "nic_rate_bit_s": self.nic_rate_bit_s,
-                "time_dilation_ignored": self.time_dilation_ignored}
+        record = {"compute": list(self.compute.values()), "nic_rate_bit_s": self.nic_rate_bit_s,
+                  "time_dilation_ignored": self.time_dilation_ignored}
+        if self.start_offsets:
+            record["start_offsets_s"] = self.start_offsets
+        return record
 
 
 def sim_run(scenario: Scenario,
@@ -88,7 +104,13 @@ def sim_run(scenario: Scenario,
             seconds = settings.compute_s
             source = f"{scenario.source_file}: sim.compute_s"
         compute[key] = {"forward_backward_s": seconds, "step_overhead_s": settings.overhead_s, "source": source}
-    return SimRun(compute, settings.nic_rate_bit_s)
+    offsets = {}
+    for job in scenario.jobs:
+        label = job.base_label or job.label
+        given = settings.start_offsets_for(label)
+        if given is not None:
+            offsets[label] = given
+    return SimRun(compute, settings.nic_rate_bit_s, start_offsets=offsets)
 
 
 def sim_faults(scenario: Scenario, plan: Plan) -> list[dict]:

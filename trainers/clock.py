@@ -28,6 +28,7 @@ class Clock(Protocol):
     def sleep(self, seconds: float) -> None: ...
     def compute_done(self, started: float) -> float: ...
     def step_done(self) -> None: ...
+    def training_starts(self) -> None: ...
     def attach(self, model: nn.Module) -> None: ...
 
 
@@ -44,6 +45,9 @@ class WallClock:
 
     def step_done(self) -> None:
         """Nothing to charge: the step's own work took its real time."""
+
+    def training_starts(self) -> None:
+        """Nothing to hold: a real rank's start-up took its real time."""
 
     def attach(self, model: nn.Module) -> None:
         """Nothing to do: real compute takes real time."""
@@ -88,6 +92,12 @@ def compute_done(started: float) -> float:
 def step_done() -> None:
     """A training step's work outside forward + backward is done (a virtual clock charges it)."""
     _clock.step_done()
+
+
+def training_starts() -> None:
+    """This rank is about to begin its first step (a virtual clock may hold it there: a simulated
+    job's start-up skew, ``trainers.sim.ComputeModel.start_offsets_s``)."""
+    _clock.training_starts()
 
 
 def attach(model: nn.Module) -> None:

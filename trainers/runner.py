@@ -246,6 +246,7 @@ def _train(config: Config, comm: TorchComm, writer: RecordWriter, device: torch.
     end = config.steps
     stop_reason = "steps"
     step = first_step
+    clock.training_starts()  # a simulated rank may be held here to its start-up offset
     train_start = writer.clock()
     for step in range(first_step, config.steps):
         lr = lr_at(step, config.lr, config.lr_schedule, config.steps)

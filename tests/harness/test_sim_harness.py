@@ -71,6 +71,46 @@ def test_bad_sim_settings_name_the_file_and_field(write_yaml, sim, field, messag
     assert message in caught.value.message and "\n" not in str(caught.value)
 
 
+START_OFFSETS = SCENARIO.replace("algorithms: [{name: sync}, {name: local_sgd, params: {H: 2}}]",
+                                 "algorithms: [{name: sync}, {name: async_ps}]")
+
+
+def test_start_offsets_resolve_per_job_to_ranks_of_its_own_plan(write_yaml):
+    from emulator.plan import make_plan
+
+    text = START_OFFSETS.replace("nic: 1Gbit}", "nic: 1Gbit, start_offsets_s: {async_ps: {b-0: 0.4, a-1: 0.1}}}")
+    scenario = load_scenario(write_yaml(text, "offsets.yaml"))
+    sim = sim_run(scenario)
+    sync, ps = sorted(scenario.jobs, key=lambda job: job.label != "sync")
+    assert sim.start_offsets == {"async_ps": {"b-0": 0.4, "a-1": 0.1}} and sim.record()["start_offsets_s"]
+    assert "start_offsets_s" not in sim.job_spec(sync, Path("plan.json"), [], make_plan(scenario.topology_for(sync.network)))["compute"]
+    # async PS runs with its server on an extra node a-1: a-0, a-1, b-0 are ranks 0, 1, 2
+    plan = make_plan(scenario.topology_for(ps.network))
+    assert [node.name for node in plan.nodes] == ["a-0", "a-1", "b-0"]
+    assert sim.job_spec(ps, Path("plan.json"), [], plan)["compute"]["start_offsets_s"] == [0.0, 0.1, 0.4]
+    # node -> seconds: every job, a node a job's plan lacks (the server's a-1 in sync's) left out
+    every = load_scenario(write_yaml(START_OFFSETS.replace("nic: 1Gbit}", "nic: 1Gbit, start_offsets_s: {b-0: 0.2, a-1: 0.1}}"),
+                                     "every.yaml"))
+    sim = sim_run(every)
+    sync, ps = sorted(every.jobs, key=lambda job: job.label != "sync")
+    assert sim.job_spec(sync, Path("p"), [], make_plan(every.topology_for(sync.network)))["compute"]["start_offsets_s"] == [0.0, 0.2]
+    assert sim.job_spec(ps, Path("p"), [], make_plan(every.topology_for(ps.network)))["compute"]["start_offsets_s"] == [0.0, 0.1, 0.2]
+
+
+@pytest.mark.parametrize("offsets, field, message", [
+    ("{b-0: -1}", "sim.start_offsets_s", "b-0: must be seconds in [0, 3600]"),
+    ("{sync: {b-0: 0.1}, b-0: 0.2}", "sim.start_offsets_s", "not both"),
+    ("{dts: {b-0: 0.1}}", "sim.start_offsets_s.dts", "no algorithm with this label or name (algorithms: sync, async_ps)"),
+    ("{sync: {a-1: 0.1}}", "sim.start_offsets_s.sync.a-1", "no node of that name in the network points of the jobs it applies to (nodes: a-0, b-0)"),
+    ("{c-0: 0.1}", "sim.start_offsets_s.c-0", "(nodes: a-0, a-1, b-0)"),
+])
+def test_bad_start_offsets_name_the_field(write_yaml, offsets, field, message):
+    path = write_yaml(START_OFFSETS.replace("nic: 1Gbit}", f"nic: 1Gbit, start_offsets_s: {offsets}}}"), "bad.yaml")
+    with pytest.raises(ConfigError) as caught:
+        load_scenario(path)
+    assert caught.value.field == field and message in caught.value.message
+
+
 def test_what_sim_cannot_run_is_refused_before_anything_runs(write_yaml, capsys, tmp_path):
     command = SCENARIO.replace("algorithms: [{name: sync}, {name: local_sgd, params: {H: 2}}]", "command: [\"true\"]")
     with pytest.raises(ConfigError, match="command: backend sim runs the trainers"):

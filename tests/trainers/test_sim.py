@@ -333,3 +333,106 @@ def test_run_simulated_hands_back_who_was_killed_and_restarted(tmp_path):
     results, _ = crash_run(tmp_path, "d")
     assert [r.steps for r in results] == [100] * 4
     assert (results.crashed_at, results.restarts) == ({2: 0.5}, {2: 1})
+
+
+# --- start-up: ComputeModel.start_offsets_s ------------------------------------------------------
+
+
+def test_a_rank_with_start_offset_x_begins_its_first_step_at_x_after_the_last_ready_rank():
+    # ranks ready (setup done) at 0, 0.1 and 0.2 s: the start line is 0.2 s, and each rank's first
+    # step begins its offset after it; a rank not listed (rank 2) has offset 0
+    compute = ComputeModel(0.0, start_offsets_s=(0.3, 0.0))
+    sim = Simulator(3, network(3), compute)
+    log = []
+
+    def body(rank):
+        sim.sleep(0.1 * rank)
+        sim.training_starts()
+        sim.settle()  # pay what it owes (the engine's sleeps are lazy), as a clock reading does
+        log.append((rank, sim.now))
+
+    sim.run([lambda r=r: body(r) for r in range(3)])
+    assert sorted(log) == [(0, pytest.approx(0.5)), (1, pytest.approx(0.2)), (2, pytest.approx(0.2))]
+    # without offsets nothing is held: each rank begins when it is ready
+    sim, log = Simulator(3, network(3), ComputeModel(0.0)), []
+    sim.run([lambda r=r: body(r) for r in range(3)])
+    assert sorted(log) == [(0, 0.0), (1, pytest.approx(0.1)), (2, pytest.approx(0.2))]
+
+
+def test_start_offsets_are_seconds_for_at_most_the_job_s_ranks():
+    for bad in ((-0.1,), (float("nan"),)):
+        with pytest.raises(ValueError, match="start_offsets_s must be seconds"):
+            ComputeModel(0.01, start_offsets_s=bad)
+    with pytest.raises(ValueError, match="start_offsets_s has 3 ranks, the job 2"):
+        Simulator(2, network(2), ComputeModel(0.01, start_offsets_s=[0, 0, 1]))
+    assert ComputeModel(0.01, start_offsets_s=[0, 1]).start_offsets_s == (0.0, 1.0)  # sim.json's list
+
+
+def first_step_starts(output_dir, ranks):
+    """Per rank: when its first step began and when it ended (virtual s: every writer starts at 0)."""
+    out = []
+    for rank in range(ranks):
+        step = records(output_dir, rank, "step")[0]
+        out.append((step["time_s"] - step["step_s"], step["time_s"]))
+    return out
+
+
+def test_sync_s_first_step_ends_after_the_latest_offset_plus_the_exchange(tmp_path):
+    offsets = (0.0, 0.25, 0.5)
+    cfg = config(tmp_path, "sync", steps=3)
+    run_simulated(cfg, 3, network(3, 0.05, 125e6), ComputeModel(0.010, 0.002, start_offsets_s=offsets))
+    ready = max(records(tmp_path / "sync", rank, "output")[0]["time_s"] for rank in range(3))
+    assert ready > 0  # the setup broadcast took virtual time before the start line
+    firsts = first_step_starts(tmp_path / "sync", 3)
+    assert [start for start, _ in firsts] == pytest.approx([ready + s for s in offsets], abs=1e-9)
+    nbytes = 4 * (64 * 32 + 32 + 32 * 10 + 10)
+    # the all-reduce (direct exchange) cannot end before the latest rank computed and sent its
+    # tensor (one delay + bytes); that rank also waits for the others' tensors, sent once they
+    # heard it entered: one more delay
+    latest_sent = ready + 0.5 + 0.010 + 0.05 + nbytes / 125e6
+    assert all(end >= latest_sent - 1e-9 for _, end in firsts)
+    assert firsts[2][1] == pytest.approx(latest_sent + 0.05 + 0.002, rel=1e-6)
+
+
+def test_no_start_offsets_is_the_engine_as_before(tmp_path):
+    def run(name, compute):
+        cfg = config(tmp_path, name, algorithm={"name": "swarmsgd", "params": {"H": 2}}, steps=12)
+        run_simulated(cfg, 4, network(4, 0.03, 10 * MB), compute)
+        return [{k: v for k, v in r.items() if k not in ("time_unix", "max_rss_mib")}
+                for rank in range(4) for r in records(tmp_path / name, rank)]
+
+    plain = run("plain", ComputeModel(0.004, 0.001))
+    empty = run("empty", ComputeModel(**{"forward_backward_s": 0.004, "step_overhead_s": 0.001,
+                                          "start_offsets_s": []}))  # sim.json with an empty list
+    assert plain == empty
+    # nothing held: each rank's first step begins as its setup (the broadcast) ends, as before
+    for rank in range(4):
+        output = records(tmp_path / "plain", rank, "output")[0]["time_s"]
+        assert first_step_starts(tmp_path / "plain", 4)[rank][0] == pytest.approx(output, abs=1e-12)
+
+
+def test_start_offsets_repeat_bit_for_bit(tmp_path):
+    def run(name):
+        cfg = config(tmp_path, name, algorithm={"name": "async_ps", "params": {"server_ranks": [0]}}, steps=10)
+        run_simulated(cfg, 4, network(4, 0.03, 10 * MB), ComputeModel(0.004, 0.001, start_offsets_s=(0, 0.4, 0.1)))
+        return [{k: v for k, v in r.items() if k not in ("time_unix", "max_rss_mib")}
+                for rank in range(4) for r in records(tmp_path / name, rank)]
+
+    first = run("a")
+    assert first == run("b")
+    starts = [start for start, _ in first_step_starts(tmp_path / "a", 4)]
+    assert [s - starts[0] for s in starts] == pytest.approx([0.0, 0.4, 0.1, 0.0], abs=1e-9)
+
+
+def test_a_rank_killed_in_its_start_up_does_not_hold_the_others_at_the_start_line():
+    sim = Simulator(3, network(3), ComputeModel(0.0, start_offsets_s=(0.0, 0.2, 0.1)))
+    log = []
+
+    def body(rank):
+        sim.sleep(0.5 if rank == 1 else 0.0)  # rank 1 is killed at 0.3 s, before it is ready
+        sim.training_starts()
+        sim.settle()
+        log.append((rank, sim.now))
+
+    sim.run([lambda r=r: body(r) for r in range(3)], [(0.3, lambda s: s.crash(1))])
+    assert sorted(log) == [(0, pytest.approx(0.3)), (2, pytest.approx(0.4))]

@@ -89,6 +89,10 @@ class SimClock:
         overhead = self.sim.compute.step_overhead_s * self.sim.compute_factor.get(self.sim.rank, 1.0)
         self.sim.sleep(overhead)
 
+    def training_starts(self) -> None:
+        """Hold this rank to its start offset (``Simulator.training_starts``)."""
+        self.sim.training_starts()
+
     def attach(self, model: nn.Module) -> None:
         """Spread each forward + backward over ``model``'s layers, so that what an algorithm does
         from its hooks overlaps the rest of the pass: see :class:`_ComputeSpread`."""

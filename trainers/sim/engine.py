@@ -58,18 +58,29 @@ class ComputeModel:
             so that communication launched during backward overlaps what is left of it (both in
             proportion to the layers' multiply-accumulates: ``trainers.sim.SimClock.attach``).
         source: where the numbers come from (for records).
+        start_offsets_s: start-up skew, per rank: seconds from the job's first rank's first step
+            to this rank's first step (on tun: process start-up, data loading and the first
+            broadcast put ranks 0.3-1.2 s apart). Empty (the default): no start-up term, each
+            rank begins its first step when its setup is done. Given: every rank's first step is
+            held until every rank has reached it (at T, the simulated setup's end) and then until
+            T + its offset (:meth:`Simulator.training_starts`); a rank not listed has offset 0.
     """
 
     forward_backward_s: float
     step_overhead_s: float = 0.0
     forward_fraction: float = 1.0 / 3.0
     source: str = ""
+    start_offsets_s: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.forward_backward_s >= 0 or not self.step_overhead_s >= 0:
             raise ValueError(f"compute times must be >= 0, got {self.forward_backward_s}, {self.step_overhead_s}")
         if not 0 <= self.forward_fraction <= 1:
             raise ValueError(f"forward_fraction must be in [0, 1], got {self.forward_fraction}")
+        offsets = tuple(float(s) for s in self.start_offsets_s)  # a list from sim.json
+        if not all(0 <= s <= 3600 for s in offsets):  # also refuses NaN
+            raise ValueError(f"start_offsets_s must be seconds in [0, 3600], got {list(self.start_offsets_s)}")
+        object.__setattr__(self, "start_offsets_s", offsets)
 
 
 class Simulator:
@@ -120,6 +131,13 @@ class Simulator:
         # cannot take a rank back, for the reason in ``restart_refusal``.
         self.respawn: Optional[Callable[[int, int], Callable[[], None]]] = None
         self.restart_refusal = "the job cannot take a rank back"
+        # Start-up (compute.start_offsets_s): the first processes' ranks yet to reach their first
+        # step, and the start line, done when none is left (None: no start-up term)
+        if len(compute.start_offsets_s) > world_size:
+            raise ValueError(f"start_offsets_s has {len(compute.start_offsets_s)} ranks, the job {world_size}")
+        self._start_line: Optional[Completion] = (Completion(what="the other ranks' start-up")
+                                                  if compute.start_offsets_s else None)
+        self._not_started: set[int] = set(range(world_size))
 
     # -- scheduling (engine side) ------------------------------------------------------------
 
@@ -213,6 +231,8 @@ class Simulator:
             blocked.waiters.remove(key)
         for hook in list(self.on_crash):
             hook(rank)
+        if key[1] == 0:
+            self._started(rank)  # a first process killed in its start-up never reaches the start line
         self._wake[rank].release()  # it raises ProcessKilled where it waits and unwinds
         self._back.acquire()
         return f"rank {rank} killed"
@@ -256,6 +276,8 @@ class Simulator:
             self.errors[rank] = error
         finally:
             self._finished.add(rank)
+            if life == 0:
+                self._started(rank)  # ended without a step: the others need not wait for it
             self._back.release()
 
     @property
@@ -274,6 +296,30 @@ class Simulator:
             raise SimAborted(f"rank {rank}: the simulation ended")
         if (rank, life) in self._killed:
             raise ProcessKilled(f"rank {rank}: its process was killed")
+
+    def training_starts(self) -> None:
+        """This rank is about to begin its first step. Without start offsets, nothing. With them
+        (``compute.start_offsets_s``), the rank waits until every rank's first process has got
+        here (the latest at T) and then until T + its offset, so the ranks' first steps are as
+        far apart as the offsets say, whatever their simulated setup took (a restarted process
+        is not held)."""
+        line, rank, life = self._start_line, self._local.rank, self._local.life
+        if line is None or life > 0:
+            return
+        self.settle()
+        self._started(rank)
+        self.wait(line)
+        offsets = self.compute.start_offsets_s
+        self.sleep(line.at + (offsets[rank] if rank < len(offsets) else 0.0) - self.now)
+        self.settle()
+
+    def _started(self, rank: int) -> None:
+        """``rank``'s first process reached its first step (or will never): the start line is
+        done when no rank is left."""
+        line = self._start_line
+        self._not_started.discard(rank)
+        if line is not None and not line.done and not self._not_started:
+            self.complete(line)
 
     def sleep(self, seconds: float) -> None:
         """Spend ``seconds`` of virtual time on this rank.
