@@ -37,6 +37,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from emulator import netns  # noqa: E402
 from emulator.backends.base import Backend, read_state  # noqa: E402
+from emulator.backends import tun_shortcut  # noqa: E402
 from emulator.backends.tun import TunBackend  # noqa: E402
 from emulator.plan import make_plan  # noqa: E402
 from emulator.topology import load_topology  # noqa: E402
@@ -222,8 +223,13 @@ def _main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=40, help="step budget of each training job")
     parser.add_argument("--topology", type=Path, default=REPO / "topologies" / "aws-4region.yaml")
     parser.add_argument("--skip-training", action="store_true")
+    parser.add_argument("--no-shortcut", action="store_true",
+                        help="every pair through the delay line (WANBENCH_TUN_SHORTCUT_MS=off), as before the "
+                             "kernel carried intra-region pairs")
     args = parser.parse_args(argv)
     netns.check_root()
+    if args.no_shortcut:
+        os.environ[tun_shortcut.ENV_VAR] = "off"  # this process's networks and `wanbench run`'s
     counts = [int(v) for v in args.nodes_per_region.split(",")]
     env = environment("tun", prefix=os.environ.get("WANBENCH_PREFIX", "wanb"), argv=sys.argv)
     print("# scale benchmark", json.dumps(env), flush=True)
@@ -251,7 +257,9 @@ def _main(argv=None) -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     path = RESULTS / f"bench_scale-{stamp}.csv"
-    rows = [{"part": "network", **r} for r in network_rows] + [{"part": "training", **r} for r in training_rows]
+    shortcut = {"shortcut": "off" if args.no_shortcut else "on"}
+    rows = [{"part": "network", **shortcut, **r} for r in network_rows] + \
+        [{"part": "training", **shortcut, **r} for r in training_rows]
     fields = list(dict.fromkeys(k for r in rows for k in r))
     with path.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=fields)

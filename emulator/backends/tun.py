@@ -101,6 +101,7 @@ class TunBackend(Backend):
                 *self.delayline_options]
 
     def up(self) -> None:
+        shortcut_limit = tun_shortcut.limit_from_environment(self.shortcut_max_rtt_ms)  # bad input: before anything
         self.check_available()
         existing = read_state(self.plan.prefix)
         if existing is not None:
@@ -114,12 +115,12 @@ class TunBackend(Backend):
             pid = self._start_delayline(lambda: netns.create_nodes(self.plan))
             # The shortcut's routes name the node's address as their source: it exists once the
             # delay line has opened the TUN devices.
-            pairs = self.shortcut_pairs()
+            pairs = [] if shortcut_limit is None else tun_shortcut.shortcut_pairs(self.plan, shortcut_limit)
             if pairs:
                 tun_shortcut.build(self.plan, pairs)
             self.write_state(delayline_pid=pid, counters=str(self.counters_path),
                              log=str(self.log_path), started_unix_s=round(time.time(), 3),
-                             shortcut_max_rtt_ms=self.shortcut_max_rtt_ms,
+                             shortcut_max_rtt_ms=shortcut_limit,
                              shortcut_pairs=[[a.name, b.name] for a, b in pairs])
         except BaseException:
             if pid is not None:
@@ -221,14 +222,6 @@ class TunBackend(Backend):
     def links_path(self) -> Path:
         return control.links_path(self.folder)
 
-    def shortcut_pairs(self, links: Optional[dict] = None, max_rtt_ms: Optional[float] = None) -> list:
-        """The node pairs the kernel carries under `links` (region pair -> spec or None; default
-        the plan's), with this backend's (or the given) round-trip limit."""
-        limit = self.shortcut_max_rtt_ms if max_rtt_ms is None else max_rtt_ms
-        if limit is None:
-            return []
-        return tun_shortcut.shortcut_pairs(self.plan, limit, links)
-
     def _links_in_force(self, changes: list[dict]) -> dict:
         """Region pair -> the spec in force, given the delay line's change list."""
         links = dict(self.plan.region_links)
@@ -251,7 +244,8 @@ class TunBackend(Backend):
         except (OSError, ValueError):
             data = {"sequence": 0, "links": []}
         limit = state[0].get("shortcut_max_rtt_ms")
-        before = self.shortcut_pairs(self._links_in_force(data["links"]), limit) if limit is not None else []
+        # the pairs the kernel carries before and after the change (those whose specs are the plan's)
+        before = [] if limit is None else tun_shortcut.shortcut_pairs(self.plan, limit, self._links_in_force(data["links"]))
         links = [c for c in data["links"] if (c["src_region"], c["dst_region"]) != (src_region, dst_region)]
         if spec != self.plan.region_links[(src_region, dst_region)]:
             links.append({"src_region": src_region, "dst_region": dst_region,
@@ -271,7 +265,7 @@ class TunBackend(Backend):
         else:
             raise RuntimeError(f"the delay line did not apply link change {sequence} within "
                                f"{LINK_CHANGE_TIMEOUT_S:.0f} s; log {self.log_path}")
-        after = self.shortcut_pairs(self._links_in_force(links), limit) if limit is not None else []
+        after = [] if limit is None else tun_shortcut.shortcut_pairs(self.plan, limit, self._links_in_force(links))
         leaving = [pair for pair in before if pair not in after]
         joining = [pair for pair in after if pair not in before]
         if leaving:

@@ -25,11 +25,13 @@ them line by line.
 
 from __future__ import annotations
 
+import os
 from typing import Iterable, Mapping, Optional
 
 from ..delayline.device import DEVICE_MTU
 from ..linkspec import LinkSpec
 from ..plan import Node, Plan
+from ..schema import ConfigError
 from . import tc
 
 NODE_IFNAME = "lan0"
@@ -37,7 +39,28 @@ NODE_IFNAME = "lan0"
 # sparse pair is +0.15-0.3 ms; the kernel's path is 0.03-0.05 ms (its error: that minus the spec).
 DEFAULT_MAX_RTT_MS = 0.2
 
+# The environment can change the limit or turn the shortcut off, for a whole run (the harness and
+# `wanbench` start the backend in other processes): a number of ms, or "off".
+ENV_VAR = "WANBENCH_TUN_SHORTCUT_MS"
+
 Pair = tuple[Node, Node]  # (lower rank, higher rank)
+
+
+def limit_from_environment(default: Optional[float]) -> Optional[float]:
+    """The round-trip limit (ms) in force: WANBENCH_TUN_SHORTCUT_MS when set ("off": None), else
+    `default`. Bad values raise ConfigError naming the variable."""
+    value = os.environ.get(ENV_VAR)
+    if value is None:
+        return default
+    if value.strip().lower() == "off":
+        return None
+    try:
+        limit = float(value)
+    except ValueError:
+        limit = -1.0
+    if not 0 <= limit <= 10:  # also refuses NaN
+        raise ConfigError(ENV_VAR, f"{value!r}: a round trip in ms from 0 to 10, or 'off'", source="environment")
+    return limit
 
 
 def eligible(forward: Optional[LinkSpec], back: Optional[LinkSpec], max_rtt_ms: float) -> bool:

@@ -146,3 +146,18 @@ def test_kernel_carries_the_pair_until_a_link_change_and_after_it_is_undone(tmp_
     finally:
         backend.down()
         subprocess.run(["ip", "netns", "del", core], capture_output=True)
+
+
+def test_the_environment_sets_the_limit_or_turns_the_shortcut_off(monkeypatch):
+    from emulator.schema import ConfigError
+
+    monkeypatch.delenv(tun_shortcut.ENV_VAR, raising=False)
+    assert tun_shortcut.limit_from_environment(0.2) == 0.2
+    monkeypatch.setenv(tun_shortcut.ENV_VAR, "off")
+    assert tun_shortcut.limit_from_environment(0.2) is None
+    monkeypatch.setenv(tun_shortcut.ENV_VAR, "0.5")
+    assert tun_shortcut.limit_from_environment(0.2) == 0.5
+    for bad in ("fast", "-1", "nan"):
+        monkeypatch.setenv(tun_shortcut.ENV_VAR, bad)
+        with pytest.raises(ConfigError, match=tun_shortcut.ENV_VAR):
+            tun_shortcut.limit_from_environment(0.2)
