@@ -3,8 +3,9 @@
 A scenario with ``time_dilation: K`` runs its network K times slower; so that the job sees the
 same emulated world, every time the harness hands to the trainers or waits for is K times longer
 (the time budget, snapshot intervals, the comm timeout, a compute profile's step time, fault
-times, the watchdogs), and every time it reports is divided by K (harness/results.py, on loading
-a run). The records on disk stay in wall-clock seconds; scenario.json says K.
+times, the watchdogs: all at one boundary, harness/jobspec.py `dilated`, with the trainer fields
+here), and every time it reports is divided by K (harness/results.py, on loading a run). The
+records on disk stay in wall-clock seconds; scenario.json says K.
 
 A compute profile names the accelerator a job stands for: ``profiles/*.yaml`` with ``step_s``
 (seconds of forward + backward per step on that accelerator, at the workload's batch size) and
@@ -18,8 +19,9 @@ chooses K so that it does: harness/auto_dilation.py times the workload here firs
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
@@ -27,6 +29,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from emulator.schema import ConfigError, config_error_from_pydantic, load_yaml_mapping
 
 from .paths import PROJECT_ROOT
+
+if TYPE_CHECKING:
+    from trainers.config import Config
 
 PROFILES_DIR = PROJECT_ROOT / "profiles"
 
@@ -100,3 +105,21 @@ def dilated_trainer_config(config: dict, k: float) -> dict:
         if value is not None:
             _set(out, dotted, value * k)
     return out
+
+
+def dilated_trainer(config: "Config", k: float) -> "Config":
+    """The trainers' `config` (emulated seconds) with the same durations x `k` as
+    `dilated_trainer_config` (a copy; `config` is unchanged)."""
+    if k == 1.0:
+        return config
+
+    def scaled(node, dotted: str):
+        head, _, rest = dotted.partition(".")
+        value = getattr(node, head)
+        if rest:
+            return dataclasses.replace(node, **{head: scaled(value, rest)})
+        return node if value is None else dataclasses.replace(node, **{head: value * k})
+
+    for dotted in DILATED_TRAINER_FIELDS:
+        config = scaled(config, dotted)
+    return config

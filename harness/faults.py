@@ -1,8 +1,8 @@
 """Fault injection: a scenario's timeline of events, applied while a job runs, each one recorded.
 
 Events (times are seconds after the job's processes start; on backend sim, virtual seconds after
-the simulation starts, the actions planned ahead as data: `planned_actions`, and a crash kills
-the rank's simulated process, a restart starts a fresh one: trainers.sim):
+the simulation starts, and a crash kills the rank's simulated process, a restart starts a fresh
+one: trainers.sim):
     link_down / link_up   {between: [a, b]} or {from: a, to: b}: a partition between regions
     link_change           the same, with any of delay/rtt/rate/jitter/loss: the new values
     loss_burst            {between, loss: "30%", duration: "5s"}: loss for a while, then restored
@@ -21,6 +21,14 @@ the killed process as a failure. The same on backend sim, on the virtual clock: 
 comm's simulated twin (trainers/sim/elastic.py) for the crash-tolerant algorithms, a failed
 simulation naming the crash for the others. Every event and what it did goes to the job's
 `faults.jsonl`.
+
+Faults are data: the scenario's events (with each trace's rows, read once: `FaultProgram`) are
+compiled per network point into `FaultAction`s (`compile_actions`: due time, op, args, the new
+LinkSpec of a link action resolved ahead), which the job spec carries. One executor interface
+(`FaultExecutor`) applies them: `NetworkAndNodes` on a built network (the backend's set_link,
+`harness.jobs.JobProcesses`), driven by `FaultSchedule.poll` on the harness's clock;
+`harness.sim_job.SimFaults` inside the simulation, at the virtual times. `run_action` applies one
+and records it, the same way for both.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Callable, Literal, Optional, Protocol
+from typing import Literal, Optional, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -65,10 +73,9 @@ class FaultEvent(BaseModel):
     file: Optional[str] = None
     factor: Optional[float] = Field(None, gt=1.0, le=1000.0)
     restart_after: Optional[float] = None
-    # Parsed once, when the scenario is loaded (not part of the scenario's saved form):
-    # the link fields of link_change/loss_burst, and the rows of a trace file.
+    # Parsed with the event (not part of the scenario's saved form): the link fields of
+    # link_change/loss_burst. A trace's rows are read once into the scenario's FaultProgram.
     change: Optional[LinkFields] = Field(None, exclude=True, repr=False)
-    trace_rows: Optional[list[tuple[float, Optional[float], Optional[float]]]] = Field(None, exclude=True, repr=False)
 
     @field_validator("at", "duration", "restart_after", mode="before")
     @classmethod
@@ -132,22 +139,182 @@ def read_trace(path: Path) -> list[tuple[float, Optional[float], Optional[float]
     return rows
 
 
-@dataclasses.dataclass(order=True)
-class _Action:
+@dataclasses.dataclass(frozen=True)
+class FaultProgram:
+    """A scenario's fault events with what they read from files (each trace's rows, read once when
+    the scenario is loaded): everything a network point's actions are compiled from.
+
+    Args:
+        events: the validated events, in the scenario's order (never changed here).
+        traces: event index -> rows (time_s, rate_bit_s or None, one_way_delay_ms or None) of a
+            trace event's file.
+    """
+
+    events: tuple[FaultEvent, ...] = ()
+    traces: dict = dataclasses.field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.events)
+
+
+# What an action asks of the network or the job's nodes; its args, in order.
+SET_LINK = "set_link"      # (src_region, dst_region, LinkSpec or None for down)
+CRASH = "crash"            # (node,)
+RESTART = "restart"        # (node,)
+CPU_FACTOR = "cpu_factor"  # (node, factor): the node's compute `factor` times slower; 1 restores it
+FAULT_OPS = (SET_LINK, CRASH, RESTART, CPU_FACTOR)
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultAction:
+    """One timed action of a job's fault timeline, as data.
+
+    Args:
+        due_s: when it is due, seconds after the job's start (emulated seconds until the job
+            spec is dilated: harness/jobspec.py `dilated`).
+        op: one of FAULT_OPS; args: its arguments (see FAULT_OPS).
+        what: what it is, for the record ("link a->b down", "straggler a-0 x3").
+        effect: what it does, where that is known ahead: a link's new values, in the topology's
+            units (also on a dilated network, like the scenario that asked for them). None: the
+            executor says (a crash's effect depends on the job).
+    """
+
     due_s: float
-    order: int
-    what: str = dataclasses.field(compare=False)
-    apply: Callable[[], str] = dataclasses.field(compare=False)
+    op: str
+    args: tuple
+    what: str
+    effect: Optional[str] = None
+
+    @property
+    def node(self) -> Optional[str]:
+        return None if self.op == SET_LINK else self.args[0]
+
+
+def link_effect(spec: Optional[LinkSpec]) -> str:
+    """A link's new values, as faults.jsonl says them."""
+    if spec is None:
+        return "down"
+    return (f"delay {spec.one_way_delay_ms:g} ms, rate {spec.rate_bit_s / 1e6:g} Mbit/s, "
+            f"loss {spec.loss_fraction * 100:g}%")
+
+
+def _changed(spec: LinkSpec, fields: LinkFields) -> LinkSpec:
+    one_way = fields.one_way_ms()
+    return dataclasses.replace(
+        spec,
+        one_way_delay_ms=spec.one_way_delay_ms if one_way is None else one_way,
+        rate_bit_s=spec.rate_bit_s if fields.rate is None else fields.rate,
+        jitter_ms=spec.jitter_ms if fields.jitter is None else fields.jitter,
+        loss_fraction=spec.loss_fraction if fields.loss is None else fields.loss,
+    )
+
+
+def compile_actions(program: FaultProgram, base_links: dict) -> tuple[FaultAction, ...]:
+    """Every action of the program's timeline on a network whose region pairs have `base_links`
+    (region pair -> the topology's LinkSpec: what link_up and the end of a burst restore), in the
+    order they are due (ties: the scenario's order). Exact for links: a link action's new spec
+    depends only on the link actions before it, never on the job."""
+    pending = []  # (due_s, order, what, op, args or link rule)
+
+    def add(due, what, op, args):
+        pending.append((due, len(pending), what, op, args))
+
+    for index, event in enumerate(program.events):
+        if event.kind == "node_crash":
+            add(event.at, f"node_crash {event.node}", CRASH, (event.node,))
+            if event.restart_after is not None:
+                add(event.at + event.restart_after, f"restart {event.node}", RESTART, (event.node,))
+            continue
+        if event.kind == "straggler":
+            add(event.at, f"straggler {event.node} x{event.factor:g}", CPU_FACTOR, (event.node, event.factor))
+            if event.duration is not None:
+                add(event.at + event.duration, f"straggler {event.node} ends", CPU_FACTOR, (event.node, 1.0))
+            continue
+        for pair in event.pairs():
+            name = f"{pair[0]}->{pair[1]}"
+            # a rule: (the pair's spec now, its base spec) -> its new spec (None: down)
+            if event.kind == "link_down":
+                add(event.at, f"link {name} down", SET_LINK, (pair, lambda now, base: None))
+            elif event.kind == "link_up":
+                add(event.at, f"link {name} up", SET_LINK, (pair, lambda now, base: base))
+            elif event.kind == "link_change":
+                add(event.at, f"link {name} change", SET_LINK,
+                    (pair, lambda now, base, f=event.change: _changed(now or base, f)))
+            elif event.kind == "loss_burst":
+                add(event.at, f"loss burst {name} {event.loss}", SET_LINK,
+                    (pair, lambda now, base, l=event.change.loss: dataclasses.replace(now or base, loss_fraction=l)))
+                add(event.at + event.duration, f"loss burst {name} ends", SET_LINK,
+                    (pair, lambda now, base: dataclasses.replace(now or base, loss_fraction=base.loss_fraction)))
+            elif event.kind == "trace":
+                if index not in program.traces:
+                    raise ValueError(f"trace {event.file}: rows not read (load the scenario with load_scenario)")
+                for t, rate, delay in program.traces[index]:
+                    def row(now, base, rate=rate, delay=delay):
+                        spec = now or base
+                        if rate is not None:
+                            spec = dataclasses.replace(spec, rate_bit_s=rate)
+                        if delay is not None:
+                            spec = dataclasses.replace(spec, one_way_delay_ms=delay)
+                        return spec
+
+                    add(event.at + t, f"trace {name} t={t:g}s", SET_LINK, (pair, row))
+    current = dict(base_links)
+    actions = []
+    for due, _, what, op, args in sorted(pending, key=lambda entry: (entry[0], entry[1])):
+        if op == SET_LINK:
+            pair, rule = args
+            spec = rule(current[pair], base_links[pair])
+            current[pair] = spec
+            actions.append(FaultAction(due, op, (pair[0], pair[1], spec), what, link_effect(spec)))
+        else:
+            actions.append(FaultAction(due, op, args, what))
+    return tuple(actions)
+
+
+def simulated_compute_effect(factor: float) -> str:
+    """A straggler's effect on backend sim: its compute `factor` times slower (1: restored)."""
+    return f"compute x{factor:g}" if factor != 1.0 else "compute restored"
+
+
+def action_record(action: FaultAction) -> dict:
+    """`action` as sim.json holds it: {due_s, what, effect, calls}, `calls` what it asks of the
+    network and the nodes ({"set_link": [src, dst, LinkSpec fields, or None for down]},
+    {"cpu_factor": [node, factor]}, {"crash": node}, {"restart": node}); effect: a link's, a
+    straggler's on sim, None for a crash or restart (the simulator says what it did)."""
+    if action.op == SET_LINK:
+        src, dst, spec = action.args
+        call = {SET_LINK: [src, dst, None if spec is None else dataclasses.asdict(spec)]}
+        effect = action.effect
+    elif action.op == CPU_FACTOR:
+        call, effect = {CPU_FACTOR: list(action.args)}, simulated_compute_effect(action.args[1])
+    else:
+        call, effect = {action.op: action.args[0]}, None
+    return {"due_s": action.due_s, "what": action.what, "effect": effect, "calls": [call]}
+
+
+def action_from_record(record: dict) -> FaultAction:
+    """The action `action_record` wrote."""
+    (call,) = record["calls"]
+    ((op, args),) = call.items()
+    if op == SET_LINK:
+        src, dst, spec = args
+        return FaultAction(record["due_s"], op, (src, dst, None if spec is None else LinkSpec(**spec)),
+                           record["what"], record["effect"])
+    if op == CPU_FACTOR:
+        return FaultAction(record["due_s"], op, (args[0], float(args[1])), record["what"])
+    if op not in FAULT_OPS:
+        raise ValueError(f"unknown fault action {op!r} (known: {', '.join(FAULT_OPS)})")
+    return FaultAction(record["due_s"], op, (args,), record["what"])
 
 
 class LinkControl(Protocol):
-    """What the timeline changes links through: a backend (`emulator.backends.Backend.set_link`)."""
+    """What link actions change links through: a backend (`emulator.backends.Backend.set_link`)."""
 
     def set_link(self, src_region: str, dst_region: str, spec: Optional[LinkSpec]) -> None: ...
 
 
 class NodeControl(Protocol):
-    """What the timeline crashes, restarts and slows nodes through: the job's processes
+    """What node actions crash, restart and slow nodes through: the job's processes
     (`harness.jobs.JobProcesses`). Each returns what it did, for the record."""
 
     def crash(self, node: str) -> str: ...
@@ -157,151 +324,95 @@ class NodeControl(Protocol):
     def set_cpu_factor(self, node: str, factor: float) -> str: ...
 
 
-class FaultTimeline:
-    """Turns events into timed actions against the network and the job; `poll(elapsed_s)` applies due ones.
+class FaultExecutor(Protocol):
+    """Applies actions to a job: `LinkControl` and `NodeControl` in one. A link action's effect is
+    the action's own (known ahead); a node action's is what the executor returns."""
 
-    Args:
-        events: validated events (trace rows loaded by the scenario loader).
-        base_links: region pair -> the topology's LinkSpec (what link_up and ends of bursts restore).
-        network: changes a region pair's links (LinkSpec, or None for down).
-        nodes: crashes, restarts and slows nodes by name.
-        record_path: where each applied action is appended as JSON.
-        time_dilation: on a network dilated by K (emulator/dilation.py) the events' times are
-            emulated seconds: each is due at K times its time; links are in emulated units
-            (`network` dilates them, e.g. emulator.dilation.DilatedLinks).
-    """
+    def set_link(self, src_region: str, dst_region: str, spec: Optional[LinkSpec]) -> None: ...
 
-    def __init__(self, events, base_links: dict, network: LinkControl, nodes: NodeControl, record_path: Path,
-                 time_dilation: float = 1.0):
+    def crash(self, node: str) -> str: ...
+
+    def restart(self, node: str) -> str: ...
+
+    def set_cpu_factor(self, node: str, factor: float) -> str: ...
+
+
+def apply_action(action: FaultAction, executor: FaultExecutor) -> Optional[str]:
+    """Do `action` through `executor`; return its effect."""
+    if action.op == SET_LINK:
+        executor.set_link(*action.args)
+        return action.effect
+    if action.op == CRASH:
+        return executor.crash(*action.args)
+    if action.op == RESTART:
+        return executor.restart(*action.args)
+    if action.op == CPU_FACTOR:
+        return executor.set_cpu_factor(*action.args)
+    raise ValueError(f"unknown fault action {action.op!r} (known: {', '.join(FAULT_OPS)})")
+
+
+def run_action(action: FaultAction, executor: FaultExecutor, record_path: Path, applied_s: float,
+               time_unix: Optional[float] = None) -> dict:
+    """Apply `action` and append what it did to `record_path` (faults.jsonl); a failed injection is
+    recorded, not raised. `applied_s`, `time_unix`: as for write_fault_record."""
+    try:
+        effect, ok = apply_action(action, executor), True
+    except Exception as exc:  # noqa: BLE001 - a failed injection is recorded, the run goes on
+        effect, ok = f"{type(exc).__name__}: {exc}", False
+    return write_fault_record(record_path, action.due_s, applied_s, action.what, effect, ok, time_unix)
+
+
+class NetworkAndNodes:
+    """The executor of a job on a built network: links through the backend, nodes through the
+    job's processes. Keeps each region pair's link as last set, so that `restore` puts back only
+    what the job changed."""
+
+    def __init__(self, network: Optional[LinkControl], nodes: Optional[NodeControl]):
+        self.network = network
+        self.nodes = nodes
+        self.current: dict = {}  # region pair -> the spec last set (None: down)
+
+    def set_link(self, src_region: str, dst_region: str, spec: Optional[LinkSpec]) -> None:
+        self.current[(src_region, dst_region)] = spec
+        self.network.set_link(src_region, dst_region, spec)
+
+    def crash(self, node: str) -> str:
+        return self.nodes.crash(node)
+
+    def restart(self, node: str) -> str:
+        return self.nodes.restart(node)
+
+    def set_cpu_factor(self, node: str, factor: float) -> str:
+        return self.nodes.set_cpu_factor(node, factor)
+
+    def restore(self, links: dict) -> None:
+        """Set every pair the job changed back to `links` (region pair -> spec as the backend
+        applies it): the next job starts on the topology's links."""
+        for pair, spec in self.current.items():
+            if spec != links[pair]:
+                self.network.set_link(pair[0], pair[1], links[pair])
+                self.current[pair] = links[pair]
+
+
+class FaultSchedule:
+    """A job's actions on the clock the harness watches: `poll(elapsed_s)` applies the due ones
+    through `executor` and records each in `record_path` (faults.jsonl)."""
+
+    def __init__(self, actions, executor: FaultExecutor, record_path: Path):
+        self._due = sorted(actions, key=lambda action: action.due_s)  # stable: ties keep their order
+        self.executor = executor
         self.record_path = record_path
-        self.current = dict(base_links)
-        self.base = dict(base_links)
-        self._actions: list[_Action] = []
-        self._network = network
-        order = 0
-
-        def add(due, what, fn):
-            nonlocal order
-            self._actions.append(_Action(due * time_dilation, order, what, fn))
-            order += 1
-
-        for event in events:
-            if event.kind in ("node_crash", "straggler"):
-                node = event.node
-                if event.kind == "node_crash":
-                    add(event.at, f"node_crash {node}", lambda n=node: nodes.crash(n))
-                    if event.restart_after is not None:
-                        add(event.at + event.restart_after, f"restart {node}", lambda n=node: nodes.restart(n))
-                else:
-                    add(event.at, f"straggler {node} x{event.factor:g}",
-                        lambda n=node, f=event.factor: nodes.set_cpu_factor(n, f))
-                    if event.duration is not None:
-                        add(event.at + event.duration, f"straggler {node} ends",
-                            lambda n=node: nodes.set_cpu_factor(n, 1.0))
-                continue
-            for pair in event.pairs():
-                if event.kind == "link_down":
-                    add(event.at, f"link {pair[0]}->{pair[1]} down", lambda p=pair: self._link(p, None))
-                elif event.kind == "link_up":
-                    add(event.at, f"link {pair[0]}->{pair[1]} up", lambda p=pair: self._link(p, self.base[p]))
-                elif event.kind == "link_change":
-                    add(event.at, f"link {pair[0]}->{pair[1]} change",
-                        lambda p=pair, e=event: self._link(p, self._changed(self.current[p] or self.base[p], e)))
-                elif event.kind == "loss_burst":
-                    loss = event.change.loss
-                    add(event.at, f"loss burst {pair[0]}->{pair[1]} {event.loss}",
-                        lambda p=pair, l=loss: self._link(p, dataclasses.replace(self.current[p] or self.base[p], loss_fraction=l)))
-                    add(event.at + event.duration, f"loss burst {pair[0]}->{pair[1]} ends",
-                        lambda p=pair: self._link(p, dataclasses.replace(
-                            self.current[p] or self.base[p], loss_fraction=self.base[p].loss_fraction)))
-                elif event.kind == "trace":
-                    if event.trace_rows is None:
-                        raise ValueError(f"trace {event.file}: rows not loaded (load the scenario with load_scenario)")
-                    for t, rate, delay in event.trace_rows:
-                        def apply(p=pair, rate=rate, delay=delay):
-                            spec = self.current[p] or self.base[p]
-                            if rate is not None:
-                                spec = dataclasses.replace(spec, rate_bit_s=rate)
-                            if delay is not None:
-                                spec = dataclasses.replace(spec, one_way_delay_ms=delay)
-                            return self._link(p, spec)
-
-                        add(event.at + t, f"trace {pair[0]}->{pair[1]} t={t:g}s", apply)
-        self._actions.sort()
-
-    @staticmethod
-    def _changed(spec: LinkSpec, event: FaultEvent) -> LinkSpec:
-        fields = event.change
-        one_way = fields.one_way_ms()
-        return dataclasses.replace(
-            spec,
-            one_way_delay_ms=spec.one_way_delay_ms if one_way is None else one_way,
-            rate_bit_s=spec.rate_bit_s if fields.rate is None else fields.rate,
-            jitter_ms=spec.jitter_ms if fields.jitter is None else fields.jitter,
-            loss_fraction=spec.loss_fraction if fields.loss is None else fields.loss,
-        )
-
-    def _link(self, pair, spec: Optional[LinkSpec]) -> str:
-        self.current[pair] = spec
-        self._network.set_link(pair[0], pair[1], spec)
-        if spec is None:
-            return "down"
-        return (f"delay {spec.one_way_delay_ms:g} ms, rate {spec.rate_bit_s / 1e6:g} Mbit/s, "
-                f"loss {spec.loss_fraction * 100:g}%")
 
     @property
     def pending(self) -> int:
-        return len(self._actions)
+        return len(self._due)
 
     def poll(self, elapsed_s: float) -> list[dict]:
         """Apply every action due by `elapsed_s`; return (and record) what was done."""
         done = []
-        while self._actions and self._actions[0].due_s <= elapsed_s:
-            action = self._actions.pop(0)
-            try:
-                effect, ok = action.apply(), True
-            except Exception as exc:  # noqa: BLE001 - a failed injection is recorded, the run goes on
-                effect, ok = f"{type(exc).__name__}: {exc}", False
-            done.append(write_fault_record(self.record_path, action.due_s, elapsed_s, action.what, effect, ok))
+        while self._due and self._due[0].due_s <= elapsed_s:
+            done.append(run_action(self._due.pop(0), self.executor, self.record_path, elapsed_s))
         return done
-
-
-def planned_actions(events, base_links: dict) -> list[dict]:
-    """Every action of the events' timeline, in order, as data, for a clock the harness does not
-    watch (backend sim, harness/sim_job.py): {due_s, what, effect, calls}, `calls` what the
-    action asks of the network and the nodes ({"set_link": [src, dst, LinkSpec fields, or None
-    for down]}, {"cpu_factor": [node, factor]}, {"crash": node}, {"restart": node}). Exact for
-    links and stragglers: an action's effect depends only on the actions before it, never on the
-    network. A crash's or restart's effect depends on the job (is the rank still running? can it
-    be taken back?): None here, the simulator says what it did. `base_links` as for FaultTimeline."""
-    controls = PlannedControls()
-    timeline = FaultTimeline(events, base_links, controls, controls, record_path=None)
-    out = []
-    for action in timeline._actions:
-        controls.calls = []
-        effect = action.apply()
-        out.append({"due_s": action.due_s, "what": action.what, "effect": effect, "calls": controls.calls})
-    return out
-
-
-class PlannedControls:
-    """Network and nodes for `planned_actions`: each call is noted as data, nothing changes."""
-
-    def __init__(self):
-        self.calls: list[dict] = []
-
-    def set_link(self, src_region: str, dst_region: str, spec: Optional[LinkSpec]) -> None:
-        self.calls.append({"set_link": [src_region, dst_region, None if spec is None else dataclasses.asdict(spec)]})
-
-    def set_cpu_factor(self, node: str, factor: float) -> str:
-        self.calls.append({"cpu_factor": [node, factor]})
-        return f"compute x{factor:g}" if factor != 1.0 else "compute restored"
-
-    def crash(self, node: str) -> None:
-        self.calls.append({"crash": node})
-
-    def restart(self, node: str) -> None:
-        self.calls.append({"restart": node})
 
 
 def write_fault_record(path: Path, due_s: float, applied_s: float, what: str, effect: str, ok: bool,

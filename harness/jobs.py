@@ -1,9 +1,10 @@
 """One job's processes: one rank per node, started in the node, watched, crashed and restarted.
 
 `JobProcesses` owns the ranks of a job (spawn, crash, restart, CPU throttling, exit codes, the
-crash-tolerance policy); the fault timeline drives it through `crash`, `restart` and
-`set_cpu_factor`. `run_job` starts a job, applies its faults, watches it with three watchdogs and
-writes `job.json`.
+crash-tolerance policy); the fault executor drives it through `crash`, `restart` and
+`set_cpu_factor`. `run_job` starts a job from its spec (harness/jobspec.py, already dilated: no
+time here is scaled), applies its faults, watches it with three watchdogs and writes `job.json`;
+`run_sim_job` does the same for a job on backend sim.
 """
 
 from __future__ import annotations
@@ -18,20 +19,19 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from emulator import cgroups
-from emulator.dilation import DilatedLinks
 from emulator.files import write_json_atomic
 from emulator.measure.counters import pair_deltas, traffic_by_node
 from emulator.netns import exec_argv, interface_of
 from emulator.plan import Plan
 from emulator.processes import stop as stop_processes
 
-from .faults import FaultTimeline, LinkControl
+from .faults import FaultSchedule, LinkControl, NetworkAndNodes
 from .gpus import nccl_environment, place_job
+from .jobspec import CONFIG_FILE, SIM_FILE, JobSpec
 from trainers.records import RecordTail
 from trainers.stop import stop_step_from_records, write_stop
 
 from .paths import PROJECT_ROOT
-from .scenario import Job
 
 # How long the other ranks may outlive a failed one before we end them.
 FAILED_RANK_GRACE_S = 10.0
@@ -41,8 +41,7 @@ WATCH_INTERVAL_S = 0.25
 EVALUATOR_FINISH_TIMEOUT_S = 600.0
 # Created when the ranks have ended: the following evaluator then evaluates what is left and exits.
 RANKS_DONE_FILE = "RANKS_DONE"
-# A sim job's input beside config.json (harness/sim_job.py) and its process's output.
-SIM_FILE = "sim.json"
+# A sim job's process's output (its input, sim.json: harness/jobspec.py SIM_FILE).
 SIM_LOG = "sim.log"
 # How a job that went on through injected crashes says so (job.json's reason); a sim job's process
 # prints it as its last line.
@@ -76,22 +75,22 @@ class JobProcesses:
 
     Args:
         plan: the network the job runs on; rank r runs on plan.nodes[r].
-        job: what every rank runs (the trainers with `job.trainer_config`, or `job.command`).
-        job_dir: where config.json, rank<N>.log and the ranks' records go.
+        spec: what every rank runs (the trainers with `spec.trainer`, or the user's command), in
+            `spec.job_dir` (config.json, rank<N>.log, the ranks' records), with `spec.cpu_share`
+            cores per node (cgroup CPU quota; None: no limit).
         master_port: rank 0's rendezvous port (MASTER_PORT).
-        cpu_share: cores per node (cgroup CPU quota), or None for no limit.
         throttled: create per-node cgroups even without a CPU limit (stragglers need them).
     """
 
-    def __init__(self, plan: Plan, job: Job, job_dir: Path, master_port: int,
-                 cpu_share: Optional[float] = None, throttled: bool = False):
+    def __init__(self, plan: Plan, spec: JobSpec, master_port: int, throttled: bool = False):
         from trainers.loading import uses_elastic_comm  # here, not at the top: it imports torch
 
         self.plan = plan
-        self.job = job
-        self.job_dir = job_dir
+        self.spec = spec
+        self.job = spec.job
+        self.job_dir = spec.job_dir
         self.master_port = master_port
-        self.cpu_share = cpu_share
+        self.cpu_share = spec.cpu_share
         self.world = len(plan.nodes)
         self.procs: list[Optional[subprocess.Popen]] = [None] * self.world
         self.crashed_at: dict[int, float] = {}   # rank -> when we killed it on purpose (s after start)
@@ -101,20 +100,20 @@ class JobProcesses:
         self._logs: list = []
         self._groups: dict[str, Path] = {}
         self._oom_kills_before: dict[str, int] = {}
-        self._throttled = throttled or cpu_share is not None
+        self._throttled = throttled or self.cpu_share is not None
         self.started_at: Optional[float] = None
+        trainer = spec.trainer
         # A crash-tolerant job (comm backend tcp) goes on without a crashed rank and takes it back.
-        self.tolerant = job.command is None and uses_elastic_comm(job.trainer_config)
+        self.tolerant = trainer is not None and uses_elastic_comm(trainer)
         # Each rank's GPU and comm backend (harness/gpus.py), decided before any rank starts: device
         # cuda without a GPU fails here, in one line (SystemCheckError), not in every rank.
-        self.gpus = place_job(job.trainer_config if job.command is None else None, self.world)
+        self.gpus = place_job(None if trainer is None else {"device": trainer.device,
+                                                            "comm": {"backend": trainer.comm.backend}}, self.world)
 
     # Life cycle --------------------------------------------------------------------------------
     def start(self) -> None:
-        """Write the trainer config, make the nodes' cgroups and start every rank."""
-        self.job_dir.mkdir(parents=True, exist_ok=True)
-        if self.job.command is None:
-            write_trainer_config(self.job, self.job_dir)
+        """Write the job's files (config.json), make the nodes' cgroups and start every rank."""
+        self.spec.write()
         # The kernel's OOM kills so far in each node's memory group (it lives as long as the network)
         self._oom_kills_before = {node.name: cgroups.oom_kills(self.plan.prefix, node.name)
                                   for node in self.plan.nodes}
@@ -163,11 +162,11 @@ class JobProcesses:
         self.restart_pending.discard(node.rank)
         if self.procs[node.rank].poll() is None:
             return f"rank {node.rank} still running; not restarted"
-        if self.job.command is None and not self.tolerant:
+        if self.spec.trainer is not None and not self.tolerant:
             # Policy: a rank of an algorithm built on collectives cannot rejoin; its job fails.
             from trainers.loading import cannot_take_back
 
-            return f"not restarted: {cannot_take_back(self.job.trainer_config['algorithm']['name'])}"
+            return f"not restarted: {cannot_take_back(self.spec.trainer.algorithm.name)}"
         self.restarts[node.rank] = self.restarts.get(node.rank, 0) + 1
         self._spawn(node, restarts=self.restarts[node.rank])
         return f"rank {node.rank} restarted as pid {self.procs[node.rank].pid}"
@@ -244,9 +243,9 @@ class JobProcesses:
                 "PYTHONPATH": str(PROJECT_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
     def _argv(self) -> list[str]:
-        if self.job.command is not None:
-            return list(self.job.command)
-        return [sys.executable, "-m", "trainers", str(self.job_dir / "config.json")]
+        if self.spec.command is not None:
+            return list(self.spec.command)
+        return [sys.executable, "-m", "trainers", str(self.job_dir / CONFIG_FILE)]
 
     def _spawn(self, node, restarts: int = 0) -> None:
         log = open(self.job_dir / f"rank{node.rank}.log", "a")
@@ -403,80 +402,65 @@ def _has_step(path: Path) -> bool:
         return False
 
 
-def run_job(plan: Plan, job: Job, job_dir: Path, master_port: int, timeout_s: float,
-            on_tick=None, stall_timeout_s: Optional[float] = None, network: Optional[LinkControl] = None,
-            faults: Sequence = (), cpu_share: Optional[float] = None, stop=None) -> JobOutcome:
-    """Run one job: one process per node, torchrun-style env, faults injected on a timeline, the
-    evaluator outside the network, the stop rule applied.
+def run_job(plan: Plan, spec: JobSpec, master_port: int, on_tick=None,
+            network: Optional[LinkControl] = None) -> JobOutcome:
+    """Run one job on a built network: one process per node, torchrun-style env, the spec's fault
+    actions applied on their timeline, the evaluator outside the network, the stop rule applied.
+    `spec`'s times are the wall clock's (harness/jobspec.py `dilated`).
 
-    Watchdogs: the whole job is bounded by `timeout_s`; once training has started, a job in which
-    no rank writes a record for `stall_timeout_s` is ended as "stalled" (a dead or stuck rank
-    blocks the others' collectives, so nobody writes); a rank that exits non-zero ends the others
-    after FAILED_RANK_GRACE_S. Records written so far are kept in every case. `network` (the
-    backend) takes the link faults, gets the topology's links back at the end, and counts the
-    job's wire bytes. `stop` (the scenario's stop rule): target accuracy and the budgets to pass
-    before stopping at it.
+    Watchdogs: the whole job is bounded by `spec.timeout_s`; once training has started, a job in
+    which no rank writes a record for `spec.stall_timeout_s` is ended as "stalled" (a dead or
+    stuck rank blocks the others' collectives, so nobody writes); a rank that exits non-zero ends
+    the others after FAILED_RANK_GRACE_S. Records written so far are kept in every case.
+    `network` (the backend) takes the link faults, gets the plan's links back at the end, and
+    counts the job's wire bytes. `spec.stop`: target accuracy and the budgets to pass before
+    stopping at it. `on_tick(records, elapsed_s)`: rank 0's last step and the last evaluation,
+    wall-clock seconds since the start.
     """
-    ranks = JobProcesses(plan, job, job_dir, master_port, cpu_share,
-                         throttled=any(e.kind == "straggler" for e in faults))
-    links = DilatedLinks(network, plan.time_dilation) if network is not None else None
-    timeline = None
-    if faults:
-        if network is None and any(e.kind not in ("node_crash", "straggler") for e in faults):
-            raise ValueError("link faults need the network (backend) to change links on")
-        # in emulated units: the timeline's times are dilated by K, its links by `links`
-        timeline = FaultTimeline(faults, plan.emulated_region_links(), links, ranks, job_dir / "faults.jsonl",
-                                 time_dilation=plan.time_dilation)
-        ranks.restart_pending = {plan.node(e.node).rank for e in faults
-                                 if e.kind == "node_crash" and e.restart_after is not None}
-    budget_time_s = getattr(stop, "budget_time_s", None)
-    decider = StopDecider(job_dir, getattr(stop, "target_accuracy", None) if job.command is None else None,
-                          getattr(stop, "budget_steps", None),
-                          None if budget_time_s is None else budget_time_s * plan.time_dilation)
-    evaluator = Evaluator(job_dir, follow=decider.active) if job.command is None else None
+    if spec.link_faults and network is None:
+        raise ValueError("link faults need the network (backend) to change links on")
+    ranks = JobProcesses(plan, spec, master_port, throttled=spec.stragglers)
+    executor = NetworkAndNodes(network, ranks)
+    schedule = FaultSchedule(spec.faults, executor, spec.job_dir / "faults.jsonl") if spec.faults else None
+    ranks.restart_pending = {plan.node(node).rank for node in spec.restarted_nodes}
+    decider = StopDecider(spec.job_dir, spec.stop.target_accuracy, spec.stop.budget_steps, spec.stop.budget_time_s)
+    evaluator = Evaluator(spec.job_dir, follow=decider.active) if spec.command is None else None
     outcome: Optional[JobOutcome] = None
     counters_before = _counters(network)
     try:
         ranks.start()
         if evaluator is not None and evaluator.follow:
             evaluator.start()
-        outcome = _watch(ranks, timeline, timeout_s, stall_timeout_s, on_tick, decider)
-        _write_wire_traffic(job_dir, plan, counters_before, _counters(network))
+        outcome = _watch(ranks, schedule, spec.timeout_s, spec.stall_timeout_s, on_tick, decider)
+        _write_wire_traffic(spec.job_dir, plan, counters_before, _counters(network))
         if evaluator is not None:
             evaluator.finish()
     except BaseException:
         ranks.stop()
         if evaluator is not None:
             evaluator.stop()
-        outcome = JobOutcome(job.job_id, "interrupted", ranks.elapsed_s(), "interrupted")
+        outcome = JobOutcome(spec.job.job_id, "interrupted", ranks.elapsed_s(), "interrupted")
         raise
     finally:
         ranks.close()
-        if links is not None and timeline is not None:
-            for (src, dst), spec in plan.emulated_region_links().items():
-                if timeline.current.get((src, dst)) != spec:
-                    links.set_link(src, dst, spec)  # the next job starts on the topology's links
+        if network is not None:
+            executor.restore(plan.region_links)  # the next job starts on the plan's links
         if outcome is not None:
-            write_job_record(job_dir, job, outcome, ranks.world, backend=getattr(network, "name", None),
-                             stop_decision=decider.decision,
+            write_job_record(spec, outcome, stop_decision=decider.decision,
                              gpus=[placement.record() for placement in ranks.gpus])
     return outcome
 
 
-def write_trainer_config(job: Job, job_dir: Path) -> None:
-    """config.json: what the job's ranks read (the scenario's trainer config, output_dir the job's)."""
-    write_json_atomic(job_dir / "config.json", {**job.trainer_config, "output_dir": str(job_dir)})
-
-
-def write_job_record(job_dir: Path, job: Job, outcome: JobOutcome, nodes: int, **extra) -> None:
+def write_job_record(spec: JobSpec, outcome: JobOutcome, **extra) -> None:
     """job.json: the outcome and what the results tables need of the job (harness/results.py)."""
-    write_json_atomic(job_dir / "job.json", {**dataclasses.asdict(outcome), "label": job.label,
-                                             "algorithm": job.algorithm, "seed": job.seed,
-                                             "network": dataclasses.asdict(job.network),
-                                             "network_key": job.network.key,
-                                             "params": job.params, "nodes": nodes,
-                                             "base_label": job.base_label or job.label,
-                                             "tuned": job.tuned, **extra})
+    job = spec.job
+    write_json_atomic(spec.job_dir / "job.json", {**dataclasses.asdict(outcome), "label": job.label,
+                                                  "algorithm": job.algorithm, "seed": job.seed,
+                                                  "network": dataclasses.asdict(job.network),
+                                                  "network_key": job.network.key,
+                                                  "params": job.params, "nodes": spec.nodes,
+                                                  "base_label": job.base_label or job.label,
+                                                  "tuned": job.tuned, "backend": spec.backend, **extra})
 
 
 def sim_job_argv(job_dir: Path) -> list[str]:
@@ -484,18 +468,17 @@ def sim_job_argv(job_dir: Path) -> list[str]:
     return [sys.executable, "-m", "harness.sim_job", str(job_dir)]
 
 
-def run_sim_job(job: Job, job_dir: Path, nodes: int, sim_spec: dict, timeout_s: float, on_tick=None) -> JobOutcome:
+def run_sim_job(spec: JobSpec, on_tick=None) -> JobOutcome:
     """Run one job on backend sim: every rank in one process on a virtual clock
     (`python -m harness.sim_job`, reading config.json and sim.json written here), then the
     evaluator over its snapshots (after the simulation, never following it: a follower's stop
     would land at a step that depends on wall-clock timing, and the run would not repeat).
 
-    Watchdog: the whole job is bounded by `timeout_s` wall-clock seconds. `on_tick(records,
-    elapsed_s)` as for run_job (rank 0's last step, wall seconds). `nodes`: the job's ranks.
+    Watchdog: the whole job is bounded by `spec.timeout_s` wall-clock seconds. `on_tick(records,
+    elapsed_s)` as for run_job (rank 0's last step, wall seconds).
     """
-    job_dir.mkdir(parents=True, exist_ok=True)
-    write_trainer_config(job, job_dir)
-    write_json_atomic(job_dir / SIM_FILE, sim_spec)
+    job, job_dir, timeout_s = spec.job, spec.job_dir, spec.timeout_s
+    spec.write()
     evaluator = Evaluator(job_dir, follow=False)
     outcome: Optional[JobOutcome] = None
     proc: Optional[subprocess.Popen] = None
@@ -534,8 +517,7 @@ def run_sim_job(job: Job, job_dir: Path, nodes: int, sim_spec: dict, timeout_s: 
     finally:
         log.close()
         if outcome is not None:
-            write_job_record(job_dir, job, outcome, nodes, backend="sim", stop_decision=None, gpus=[],
-                             compute=sim_spec.get("compute"))
+            write_job_record(spec, outcome, stop_decision=None, gpus=[], compute=spec.sim.compute)
     return outcome
 
 
@@ -570,7 +552,7 @@ def _write_wire_traffic(job_dir: Path, plan: Plan, before: Optional[list[dict]],
                                               "pairs": pair_deltas(before, after)})
 
 
-def _watch(ranks: JobProcesses, timeline: Optional[FaultTimeline], timeout_s: float,
+def _watch(ranks: JobProcesses, schedule: Optional[FaultSchedule], timeout_s: float,
            stall_timeout_s: Optional[float], on_tick, decider: Optional[StopDecider] = None) -> JobOutcome:
     """Apply due faults and watch the ranks until they end or a watchdog ends them."""
     job_dir, world, job_id = ranks.job_dir, ranks.world, ranks.job.job_id
@@ -579,8 +561,8 @@ def _watch(ranks: JobProcesses, timeline: Optional[FaultTimeline], timeout_s: fl
     last_progress = time.monotonic()
     armed = False  # the stall watchdog starts once every rank took a step (start-up is slow)
     while True:
-        if timeline is not None:
-            timeline.poll(ranks.elapsed_s())
+        if schedule is not None:
+            schedule.poll(ranks.elapsed_s())
         if decider is not None:
             decider.poll(ranks.elapsed_s())
         finished = ranks.finished_outcome()

@@ -30,13 +30,14 @@ from emulator.measure.verify import VerifyOptions, rate_warnings, verify
 from emulator.plan import make_plan
 
 from .auto_dilation import auto_time_dilation, measure_step_s
-from .dilation import dilated_trainer_config
 from .environment import environment
-from .jobs import last_records, run_job, run_sim_job
+from .faults import compile_actions
+from .jobs import JobOutcome, last_records, run_job, run_sim_job
+from .jobspec import JobSpec, dilated, job_spec
 from .paths import RUNS_ROOT
 from .results import RunFrames, load_run, summarize, write_summary
-from .scenario import AUTO_TIME_DILATION, SIM_BACKEND, Scenario, check_sim
-from .sim_job import SimRun, sim_faults, sim_run
+from .scenario import AUTO_TIME_DILATION, SIM_BACKEND, NetworkPoint, Scenario, check_sim
+from .sim_job import SimRun, sim_run
 
 
 @dataclasses.dataclass
@@ -52,7 +53,7 @@ def scenario_record(scenario: Scenario, sim: Optional[SimRun] = None) -> dict:
     """What scenario.json holds: the resolved scenario, every job, how an auto K was chosen, and
     on sim the compute model (`sim`: each workload's seconds and where they came from)."""
     record = {"name": scenario.name, "source_file": scenario.source_file,
-              "spec": scenario.spec.model_dump(), "jobs": [dataclasses.asdict(j) for j in scenario.jobs]}
+              "spec": scenario.spec.model_dump(), "jobs": [job.record() for job in scenario.jobs]}
     if scenario.time_dilation_auto is not None:
         record["time_dilation_auto"] = scenario.time_dilation_auto
     if sim is not None:
@@ -69,11 +70,6 @@ def resolve_time_dilation(scenario: Scenario, console, measure=measure_step_s) -
         scenario = auto_time_dilation(scenario, measure)
     console.print(f"time dilation auto: K = {scenario.time_dilation:g} ({scenario.time_dilation_auto['why']})")
     return scenario
-
-
-# A sim job's default watchdog, in wall-clock seconds: its virtual budget says nothing of how long
-# the simulation takes here.
-SIM_JOB_TIMEOUT_S = 3600.0
 
 
 def prepare_sim(scenario: Scenario, console, measure=measure_step_s) -> tuple[Scenario, SimRun]:
@@ -118,15 +114,8 @@ def run_scenario(scenario: Scenario, backend_name: str, runs_root: Path = RUNS_R
     run_dir.mkdir(parents=True, exist_ok=False)
     write_json_atomic(run_dir / "scenario.json", scenario_record(scenario, sim))
     write_json_atomic(run_dir / "environment.json", environment(SIM_BACKEND if sim else backend_cls.name))
-    stop = scenario.spec.stop
-    if sim is not None:
-        timeout_s = scenario.spec.job_timeout_s or SIM_JOB_TIMEOUT_S
-    else:
-        # watchdogs in wall-clock seconds: the scenario's are emulated, dilated by K like the network
-        timeout_s = (scenario.spec.job_timeout_s or ((stop.time_budget_s or 600) * 2 + 180)) * scenario.time_dilation
-
     try:
-        _run_points(scenario, backend_cls, run_dir, console, timeout_s, sim)
+        _run_points(scenario, backend_cls, run_dir, console, sim)
     except BaseException as exc:
         # Keep what was recorded and say so: `report` flags runs without COMPLETE.
         (run_dir / "INTERRUPTED").write_text(f"{type(exc).__name__}: {exc}\n")
@@ -144,11 +133,12 @@ def run_scenario(scenario: Scenario, backend_name: str, runs_root: Path = RUNS_R
 
 
 @contextlib.contextmanager
-def _progress(console, job, stop, k: float, simulated: bool):
+def _progress(console, spec: JobSpec, stop):
     """A live line for one job (step, loss, accuracy, time, ETA); yields the tick run_job calls."""
     from rich.live import Live
     from rich.table import Table
 
+    job, simulated = spec.job, spec.sim is not None
     state = {"step": 0, "loss": None, "acc": None, "elapsed": 0.0, "virtual": None}
 
     def render():
@@ -169,7 +159,7 @@ def _progress(console, job, stop, k: float, simulated: bool):
 
     with Live(render(), console=console, refresh_per_second=4, transient=True) as live:
         def tick(records, elapsed):
-            state["elapsed"] = elapsed / k  # emulated seconds, like the ETA's budget
+            state["elapsed"] = spec.emulated_s(elapsed)  # emulated seconds, like the ETA's budget
             if "step" in records:
                 state["step"] = records["step"].get("step", 0)
                 state["loss"] = records["step"].get("loss")
@@ -182,69 +172,110 @@ def _progress(console, job, stop, k: float, simulated: bool):
         yield tick, state
 
 
-def _run_points(scenario: Scenario, backend_cls, run_dir: Path, console, timeout_s: float,
-                sim: Optional[SimRun] = None) -> None:
+def _run_points(scenario: Scenario, backend_cls, run_dir: Path, console, sim: Optional[SimRun] = None) -> None:
     """Build each network point in turn, verify it, run its jobs, tear it down; on sim (`sim`
     given), simulate each job over the point's plan instead."""
+    _say_run_settings(scenario, console, sim)
+    ports = _MasterPorts(scenario.spec.master_port)
+    for point in scenario.network_points():
+        with _network_point(scenario, point, backend_cls, run_dir, console) as (plan, backend):
+            # the point's fault actions, compiled once, in emulated seconds
+            faults = compile_actions(scenario.faults, plan.emulated_region_links()) if scenario.faults else ()
+            for job in [j for j in scenario.jobs if j.network == point]:
+                if sim is not None:
+                    spec = job_spec(scenario, job, run_dir / job.folder, plan, SIM_BACKEND, faults,
+                                    sim.job_settings(job, run_dir / point.folder / "plan.json", plan))
+                else:
+                    spec = dilated(job_spec(scenario, job, run_dir / job.folder, plan, backend.name, faults),
+                                   scenario.time_dilation)
+                outcome, state = _run_one_job(spec, plan, backend, ports.next(), console, scenario.spec.stop)
+                _print_job_line(console, spec, outcome, state)
+
+
+def _say_run_settings(scenario: Scenario, console, sim: Optional[SimRun]) -> None:
+    """What the console should know before the first job: the dilation, and on sim what is not done."""
     spec = scenario.spec
-    stop = spec.stop
-    port = spec.master_port
     k = scenario.time_dilation
     if k != 1.0:
         console.print(f"time dilation {k:g}: the network runs {k:g}x slower than the topology, "
                       f"reported times are divided by {k:g}")
-    if sim is not None:
-        skipped = ["verify (the network is a model: nothing to measure)"] if spec.verify.enabled else []
-        skipped += ["cpu_share (compute is the model's)"] if spec.cpu_share is not None else []
-        if stop.target_accuracy is not None:
-            skipped.append("stopping at target_accuracy (jobs run their steps or time budget: the evaluator "
-                           "runs after the simulation; time_to_target is still read from its evaluations)")
-        if skipped:
-            console.print("sim: no " + "; no ".join(skipped))
-    for point in scenario.network_points():
-        plan = make_plan(scenario.topology_for(point), time_dilation=k)
-        point_dir = run_dir / point.folder
-        point_dir.mkdir()
-        (point_dir / "plan.json").write_text(plan.to_json())
-        backend = backend_cls(plan) if sim is None else None
-        console.print(f"[bold]{point.folder}[/]: {len(plan.nodes)} nodes on "
-                      f"{backend.name if backend else 'sim (virtual clock, simulated network)'}")
-        if backend is not None:
-            backend.up()
-        try:
-            if backend is not None and spec.verify.enabled:
-                # Steady-state goodput (slow start omitted, scaled with the RTT); no sparse
-                # probing here, it would add ~5 s to every network point.
-                options = VerifyOptions(probes=spec.verify.probes, sparse_probes=0,
-                                        throughput=spec.verify.throughput,
-                                        duration_s=spec.verify.duration_s)
-                with console.status("verifying the network"):
-                    rows = verify(plan, options)
-                write_json_atomic(point_dir / "verify.json", rows)
-                worst = max(abs(r["rtt_p50_error_ms"]) for r in rows) if rows else 0.0
-                console.print(f"  verify: {len(rows)} pairs, worst RTT p50 error {worst:.3f} ms")
-                for line in rate_warnings(rows, options.min_rate_ratio):
-                    console.print(f"  [yellow]warning:[/] {line}")
-            faults = sim_faults(scenario, plan) if sim is not None else None
-            for job in [j for j in scenario.jobs if j.network == point]:
-                port = port + 1 if port < 65000 else spec.master_port  # a fresh port: no TIME_WAIT clash
-                job_dir = run_dir / "jobs" / job.job_id
-                with _progress(console, job, stop, k, simulated=sim is not None) as (tick, state):
-                    if sim is not None:
-                        outcome = run_sim_job(job, job_dir, len(plan.nodes),
-                                              sim.job_spec(job, point_dir / "plan.json", faults, plan),
-                                              timeout_s, tick)
-                    else:
-                        dilated = dataclasses.replace(job, trainer_config=dilated_trainer_config(job.trainer_config, k))
-                        outcome = run_job(plan, dilated, job_dir, port, timeout_s, tick,
-                                          stall_timeout_s=spec.stall_timeout_s and spec.stall_timeout_s * k,
-                                          network=backend,
-                                          faults=spec.faults, cpu_share=spec.cpu_share, stop=spec.stop)
-                final = last_records(job_dir / "eval.jsonl", kinds=("eval",)).get("eval") or {}
-                state["acc"] = final.get("accuracy", state["acc"])  # the evaluator may finish after the ranks
-                mark = "[green]ok[/]" if outcome.status == "ok" else f"[red]{outcome.status}[/] {outcome.reason}"
-                console.print(f"  {job.label} seed {job.seed}: {mark} in {outcome.wall_s:.1f}s, "
-                              f"step {state['step']}, acc {state['acc']}")
-        finally:
-            if backend is not None:
-                backend.down()
+    if sim is None:
+        return
+    skipped = ["verify (the network is a model: nothing to measure)"] if spec.verify.enabled else []
+    skipped += ["cpu_share (compute is the model's)"] if spec.cpu_share is not None else []
+    if spec.stop.target_accuracy is not None:
+        skipped.append("stopping at target_accuracy (jobs run their steps or time budget: the evaluator "
+                       "runs after the simulation; time_to_target is still read from its evaluations)")
+    if skipped:
+        console.print("sim: no " + "; no ".join(skipped))
+
+
+class _MasterPorts:
+    """A fresh rendezvous port for every job (no TIME_WAIT clash with the last one's), wrapping
+    back to the scenario's master_port past 65000."""
+
+    def __init__(self, first: int):
+        self.first = first
+        self.port = first
+
+    def next(self) -> int:
+        self.port = self.port + 1 if self.port < 65000 else self.first
+        return self.port
+
+
+@contextlib.contextmanager
+def _network_point(scenario: Scenario, point: NetworkPoint, backend_cls, run_dir: Path, console):
+    """The network of one point: its plan written (<point>/plan.json), the network built and
+    verified (none on sim: `backend_cls` None), torn down after its jobs. Yields (plan, backend)."""
+    plan = make_plan(scenario.topology_for(point), time_dilation=scenario.time_dilation)
+    point_dir = run_dir / point.folder
+    point_dir.mkdir()
+    (point_dir / "plan.json").write_text(plan.to_json())
+    backend = backend_cls(plan) if backend_cls is not None else None
+    console.print(f"[bold]{point.folder}[/]: {len(plan.nodes)} nodes on "
+                  f"{backend.name if backend else 'sim (virtual clock, simulated network)'}")
+    if backend is None:
+        yield plan, None
+        return
+    backend.up()
+    try:
+        if scenario.spec.verify.enabled:
+            _verify_point(scenario, plan, point_dir, console)
+        yield plan, backend
+    finally:
+        backend.down()
+
+
+def _verify_point(scenario: Scenario, plan, point_dir: Path, console) -> None:
+    """Measure the built network against its plan (verify.json) and say how far off it is."""
+    settings = scenario.spec.verify
+    # Steady-state goodput (slow start omitted, scaled with the RTT); no sparse probing here, it
+    # would add ~5 s to every network point.
+    options = VerifyOptions(probes=settings.probes, sparse_probes=0, throughput=settings.throughput,
+                            duration_s=settings.duration_s)
+    with console.status("verifying the network"):
+        rows = verify(plan, options)
+    write_json_atomic(point_dir / "verify.json", rows)
+    worst = max(abs(r["rtt_p50_error_ms"]) for r in rows) if rows else 0.0
+    console.print(f"  verify: {len(rows)} pairs, worst RTT p50 error {worst:.3f} ms")
+    for line in rate_warnings(rows, options.min_rate_ratio):
+        console.print(f"  [yellow]warning:[/] {line}")
+
+
+def _run_one_job(spec: JobSpec, plan, backend, port: int, console, stop) -> tuple[JobOutcome, dict]:
+    """Run one job (simulated on sim) with its live line; its outcome and the line's last state,
+    with the evaluator's final accuracy (it may finish after the ranks)."""
+    with _progress(console, spec, stop) as (tick, state):
+        if spec.sim is not None:
+            outcome = run_sim_job(spec, tick)
+        else:
+            outcome = run_job(plan, spec, port, tick, network=backend)
+    final = last_records(spec.job_dir / "eval.jsonl", kinds=("eval",)).get("eval") or {}
+    state["acc"] = final.get("accuracy", state["acc"])
+    return outcome, state
+
+
+def _print_job_line(console, spec: JobSpec, outcome: JobOutcome, state: dict) -> None:
+    mark = "[green]ok[/]" if outcome.status == "ok" else f"[red]{outcome.status}[/] {outcome.reason}"
+    console.print(f"  {spec.job.label} seed {spec.job.seed}: {mark} in {outcome.wall_s:.1f}s, "
+                  f"step {state['step']}, acc {state['acc']}")

@@ -2,7 +2,9 @@
 
 `load_scenario` validates everything — the topology, every algorithm's parameters (against the
 trainers' own config classes) and the sweep axes — before anything privileged runs, and expands
-the scenario into `Job`s: one trainer configuration per (network point, algorithm variant, seed).
+the scenario into `Job`s: one trainer configuration per (network point, algorithm variant, seed),
+each built once into the trainers' typed `Config` (an error names the scenario's field). A run
+makes each job's `harness.jobspec.JobSpec` from it.
 """
 
 from __future__ import annotations
@@ -12,13 +14,13 @@ import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Optional, Union
+from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .dilation import ComputeProfile, load_profile
-from .faults import FaultEvent, read_trace
+from .faults import FaultEvent, FaultProgram, read_trace
 from .inputs import topology_from_document
 from emulator.dilation import MAX_TIME_DILATION, MIN_TIME_DILATION
 from emulator.schema import ConfigError, config_error_from_pydantic, load_yaml_mapping
@@ -33,6 +35,11 @@ AUTO_TIME_DILATION = "auto"
 # sim.compute_s: auto, the workload's forward + backward measured on this machine
 AUTO_SIM_COMPUTE = "auto"
 SIM_BACKEND = "sim"
+# A run directory's folder of job folders (harness/run.py's layout)
+JOBS_FOLDER = "jobs"
+
+if TYPE_CHECKING:
+    from trainers.config import Config
 
 
 class AlgorithmEntry(BaseModel):
@@ -298,10 +305,27 @@ class Job:
     label: str                   # what tables and plots call it (the base label plus swept values)
     seed: int
     params: dict = field(default_factory=dict)         # the swept/explicit algorithm params
-    trainer_config: dict = field(default_factory=dict)  # without output_dir (set per run)
+    # The trainer settings as the scenario states them (emulated seconds, without output_dir): what
+    # config.json and scenario.json say; the trainers fill in their defaults.
+    trainer_config: dict = field(default_factory=dict)
     command: Optional[list[str]] = None
     base_label: str = ""         # the algorithm entry's label, before sweep values were added
     tuned: dict = field(default_factory=dict)  # workload values of a tuning sweep (dotted key -> value)
+    # `trainer_config` resolved and checked by the trainers' loader, once, when the scenario was
+    # loaded; its output_dir is the job's folder relative to the run directory (`folder`), which
+    # the job spec places under the run's (None for a user's command).
+    trainer: Optional["Config"] = field(default=None, repr=False, compare=False)
+
+    @property
+    def folder(self) -> str:
+        """The job's folder, relative to its run directory."""
+        return f"{JOBS_FOLDER}/{self.job_id}"
+
+    def record(self) -> dict:
+        """What scenario.json says of the job (its trainer settings as the scenario states them)."""
+        record = dataclasses.asdict(dataclasses.replace(self, trainer=None))
+        del record["trainer"]
+        return record
 
 
 @dataclass
@@ -314,6 +338,8 @@ class Scenario:
     # how `time_dilation: auto` chose K (harness/auto_dilation.py, AutoDilation.record()); None
     # when K was given
     time_dilation_auto: Optional[dict] = None
+    # the fault events with each trace's rows, read once here (compiled per network point by the run)
+    faults: FaultProgram = field(default_factory=FaultProgram)
 
     def topology_for(self, point: NetworkPoint) -> Topology:
         return _topology_for(self.topology, self.spec, point)
@@ -418,24 +444,64 @@ def _trainer_config(spec: ScenarioFile, algorithm: str, params: dict, seed: int,
     return config
 
 
-def _check_trainer_config(source: str, field_prefix: str, config: dict) -> None:
-    """Validate with the trainers' own loader so the error names the scenario's field."""
+def _trainer(source: str, config: dict, job_folder: str, where: "_TrainerOrigin") -> "Config":
+    """The job's trainer config, resolved and checked by the trainers' own loader (once per job);
+    a ConfigError names the scenario's field the bad value came from."""
     from trainers.config import ConfigError as TrainerConfigError
     from trainers.loading import load_config
 
     try:
-        load_config({**config, "output_dir": "/nonexistent-check-only"})
+        return load_config({**config, "output_dir": job_folder})
     except TrainerConfigError as exc:
-        trainer_field = exc.field
-        if trainer_field.startswith("algorithm"):
-            where = field_prefix + trainer_field[len("algorithm"):]
-        elif trainer_field in ("steps", "time_budget_s", "target_accuracy"):
-            where = f"stop.{trainer_field}"
-        elif trainer_field == "seed":
-            where = "seeds"
-        else:
-            where = f"workload.{trainer_field}" if trainer_field else "workload"
-        raise ConfigError(where, exc.message, source=source) from None
+        raise ConfigError(where.scenario_field(exc.field), exc.message, source=source) from None
+
+
+def _has(document: dict, dotted: str) -> bool:
+    """Whether `document` gives the dotted field or a mapping above it (whose key was wrong)."""
+    node: Any = document
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+@dataclass(frozen=True)
+class _TrainerOrigin:
+    """Where the settings of one job's trainer config came from in the scenario: the algorithm
+    entry (its index, label, params, workload), a sweep's values, the compute profile."""
+
+    index: int
+    label: str
+    entry: AlgorithmEntry
+    swept: dict        # parameter -> value from sweep.params
+    tuned: dict        # dotted workload key -> value from sweep.workload
+    workload: dict     # the scenario's workload
+    profile: bool      # min_compute_s came from compute_profile (the workloads do not give it)
+
+    def scenario_field(self, trainer_field: str) -> str:
+        """The scenario's field for a trainer config field path (`algorithm.params.H` ->
+        `algorithms[0].params.H`, `lr` -> `workload.lr` or `algorithms[0].workload.lr`, ...)."""
+        head, _, rest = trainer_field.partition(".")
+        if head == "algorithm":
+            param = rest.partition(".")[2].split(".")[0].split("[")[0]
+            if rest.startswith("params.") and param in self.swept:
+                return f"sweep.params.{self.label}.{rest[len('params.'):]}"
+            return f"algorithms[{self.index}]" + (f".{rest}" if rest else "")
+        if trainer_field in ("steps", "time_budget_s", "target_accuracy"):
+            return f"stop.{trainer_field}"
+        if trainer_field == "seed":
+            return "seeds"
+        if not trainer_field:
+            return "workload"
+        for key in self.tuned:
+            if trainer_field == key or trainer_field.startswith(key + ".") or key.startswith(trainer_field + "."):
+                return f"sweep.workload.{self.label}.{key}"
+        if _has(self.entry.workload, trainer_field):
+            return f"algorithms[{self.index}].workload.{trainer_field}"
+        if trainer_field == "min_compute_s" and self.profile and not _has(self.workload, trainer_field):
+            return "compute_profile"
+        return f"workload.{trainer_field}"
 
 
 def _check_auto_dilation(spec: ScenarioFile, source: str, field: str = "time_dilation") -> None:
@@ -450,7 +516,7 @@ def _check_auto_dilation(spec: ScenarioFile, source: str, field: str = "time_dil
 
 
 def _check_faults(source: str, spec: ScenarioFile, topology: Topology) -> None:
-    """Fault targets must exist in the topology (at its largest node count) and traces must parse."""
+    """Fault targets must exist in the topology (at its largest node count)."""
     counts = [n for n in spec.sweep.nodes_per_region if n] or [None]
     for index, event in enumerate(spec.faults):
         where = f"faults[{index}]"
@@ -463,12 +529,20 @@ def _check_faults(source: str, spec: ScenarioFile, topology: Topology) -> None:
             for region in (event.between or [event.from_, event.to]):
                 if region not in topology.regions:
                     raise ConfigError(where, f"unknown region {region!r} (regions: {', '.join(topology.regions)})", source=source)
+
+
+def _fault_program(source: str, spec: ScenarioFile) -> FaultProgram:
+    """The scenario's fault events with each trace file's rows, read once (a path relative to the
+    scenario's folder); ConfigError naming faults[i].file when one cannot be read."""
+    traces = {}
+    for index, event in enumerate(spec.faults):
         if event.kind == "trace":
             path = Path(event.file) if Path(event.file).is_absolute() else Path(source).parent / event.file
             try:
-                event.trace_rows = read_trace(path)  # read once; every job's timeline uses these rows
+                traces[index] = tuple(read_trace(path))
             except (OSError, ValueError) as exc:
-                raise ConfigError(f"{where}.file", str(exc), source=source) from None
+                raise ConfigError(f"faults[{index}].file", str(exc), source=source) from None
+    return FaultProgram(tuple(spec.faults), traces)
 
 
 def check_sim(spec: ScenarioFile, source: str) -> None:
@@ -503,6 +577,7 @@ def scenario_from_dict(data: dict, source: str) -> Scenario:
     name = spec.name or Path(source).stem
 
     _check_faults(source, spec, topology)
+    faults = _fault_program(source, spec)
     if spec.backend == SIM_BACKEND:
         check_sim(spec, source)
     if spec.time_dilation == AUTO_TIME_DILATION:
@@ -533,19 +608,17 @@ def scenario_from_dict(data: dict, source: str) -> Scenario:
             params = {**entry.params, **variant}
             workload = _merged(entry.workload, _nested(tuned))
             variant_label = label + "".join(f"-{k.rsplit('.', 1)[-1]}{v}" for k, v in {**variant, **tuned}.items())
-            if spec.command is None:
-                _check_trainer_config(source, f"algorithms[{index}]",
-                                      _trainer_config(spec, entry.name, params, spec.seeds[0], workload, profile))
+            origin = _TrainerOrigin(index, label, entry, variant, tuned, spec.workload, profile is not None)
             for base_point in points:
                 point, placed = _server_placement(topology, spec, base_point, params, entry.name)
                 for seed in spec.seeds:
-                    job_id = f"{base_point.key}-{variant_label}-seed{seed}"
-                    jobs.append(Job(
-                        job_id=job_id, network=point, algorithm=entry.name, label=variant_label,
-                        seed=seed, params=placed,
-                        trainer_config=(_trainer_config(spec, entry.name, placed, seed, workload, profile)
-                                        if spec.command is None else {}),
-                        command=spec.command, base_label=label, tuned=tuned))
+                    job = Job(job_id=f"{base_point.key}-{variant_label}-seed{seed}", network=point,
+                              algorithm=entry.name, label=variant_label, seed=seed, params=placed,
+                              command=spec.command, base_label=label, tuned=tuned)
+                    if spec.command is None:
+                        job.trainer_config = _trainer_config(spec, entry.name, placed, seed, workload, profile)
+                        job.trainer = _trainer(source, job.trainer_config, job.folder, origin)
+                    jobs.append(job)
     labels_made = [job.label for job in jobs]
     clash = sorted({x for x in labels_made if labels_made.count(x) > len(points) * len(spec.seeds)})
     if clash:
@@ -553,7 +626,7 @@ def scenario_from_dict(data: dict, source: str) -> Scenario:
                           source=source)
     if len(jobs) > MAX_JOBS:
         raise ConfigError("sweep", f"expands to {len(jobs)} runs, more than {MAX_JOBS}", source=source)
-    scenario = Scenario(name=name, source_file=source, spec=spec, topology=topology, jobs=jobs)
+    scenario = Scenario(name=name, source_file=source, spec=spec, topology=topology, jobs=jobs, faults=faults)
     if spec.sim.start_offsets_s:
         _check_start_offsets(scenario)
     return scenario

@@ -2,14 +2,16 @@
 process on a virtual clock (trainers.sim) over a fluid model of the point's network
 (emulator.simnet).
 
-The harness (harness/jobs.py `run_sim_job`) writes, before starting it:
+The harness (harness/jobs.py `run_sim_job`, the job's harness/jobspec.py JobSpec) writes,
+before starting it:
     JOB_DIR/config.json   the trainer config, as for a job on tun (output_dir: JOB_DIR)
     JOB_DIR/sim.json      {plan: the point's plan.json, seed, nic_rate_bit_s, compute: {forward_backward_s,
                           step_overhead_s, source[, start_offsets_s: per rank]},
-                          faults: harness.faults.planned_actions(...)}
+                          faults: the job's fault actions (harness.faults.action_record)}
 and the ranks write what they write on tun (rank<N>.jsonl, snapshots/, config.resolved.json),
 with every time in virtual seconds. Fault actions (link changes, stragglers, crashes and
-restarts) are applied at their virtual times and appended to JOB_DIR/faults.jsonl as on tun. A
+restarts) are applied at their virtual times through `SimFaults`, the simulator's executor
+(harness/faults.py's interface), and appended to JOB_DIR/faults.jsonl as on tun. A
 job that went on through crashes prints tun's reason as its last line (`crash tolerated: ...`);
 one that failed exits 1 with the error, which names the crash. The harness evaluates the
 snapshots afterwards (trainers.evaluate), outside this process.
@@ -32,8 +34,9 @@ from emulator.linkspec import LinkSpec
 from emulator.plan import Plan
 
 from .auto_dilation import StepMeasurement, measure_step_s, rank_threads, step_time_key
-from .faults import planned_actions, write_fault_record
-from .jobs import SIM_FILE, crash_tolerated
+from .faults import FaultAction, action_from_record, run_action, simulated_compute_effect
+from .jobs import crash_tolerated
+from .jobspec import SIM_FILE, SimSettings
 from .scenario import AUTO_SIM_COMPUTE, Job, Scenario
 
 
@@ -57,22 +60,21 @@ class SimRun:
     time_dilation_ignored: Optional[float | str] = None
     start_offsets: dict = dataclasses.field(default_factory=dict)  # label -> {node: s} (sim.start_offsets_s)
 
-    def job_compute(self, job: Job) -> dict:
-        return self.compute[step_time_key(job.trainer_config)]
-
-    def job_spec(self, job: Job, plan_path: Path, faults: list[dict], plan: Optional[Plan] = None) -> dict:
-        """A job's sim.json: the plan, the seed, the compute model (with the job's start offsets
-        per rank, where the scenario gives them: `plan` maps its node names to ranks), the NIC,
-        the fault actions."""
-        compute = dict(self.job_compute(job))
+    def job_compute(self, job: Job, plan: Optional[Plan] = None) -> dict:
+        """The compute model of `job`'s workload, with the job's start offsets per rank where the
+        scenario gives them (`plan`, the job's network point, maps node names to ranks)."""
+        compute = dict(self.compute[step_time_key(job.trainer_config)])
         offsets = self.start_offsets.get(job.base_label or job.label) if self.start_offsets else None
         if offsets is not None:
             if plan is None:
                 raise ValueError("start offsets need the job's plan to map node names to ranks")
             by_rank = {node.rank: offsets.get(node.name, 0.0) for node in plan.nodes}
             compute["start_offsets_s"] = [by_rank[rank] for rank in range(len(plan.nodes))]
-        return {"plan": str(plan_path), "seed": job.seed, "nic_rate_bit_s": self.nic_rate_bit_s,
-                "compute": compute, "faults": faults}
+        return compute
+
+    def job_settings(self, job: Job, plan_path: Path, plan: Plan) -> SimSettings:
+        """What `job`'s spec carries for sim.json besides its faults: the plan, the NIC, the compute."""
+        return SimSettings(plan_path, self.nic_rate_bit_s, self.job_compute(job, plan))
 
     def record(self) -> dict:
         """scenario.json's `sim`."""
@@ -113,11 +115,6 @@ def sim_run(scenario: Scenario,
     return SimRun(compute, settings.nic_rate_bit_s, start_offsets=offsets)
 
 
-def sim_faults(scenario: Scenario, plan: Plan) -> list[dict]:
-    """The scenario's faults as actions on the virtual clock (data)."""
-    return planned_actions(scenario.spec.faults, plan.emulated_region_links()) if scenario.spec.faults else []
-
-
 # --- the job's process -------------------------------------------------------------------------
 
 
@@ -133,54 +130,72 @@ def load_engine() -> SimpleNamespace:
                            wall_time=wall_time)
 
 
-class _SimLinks:
-    """The timeline's link calls on the simulator's network: None (down) becomes the plan's link
-    with every packet lost (the fluid network stalls its flows), a spec is applied as it is."""
+class SimFaults:
+    """The fault executor inside a simulation (harness/faults.py's interface): links on the
+    simulator's network (None, down, becomes the plan's link with every packet lost: the fluid
+    network stalls its flows), stragglers as the simulator's compute factor, crashes and restarts
+    by the simulator (its effect is what it says it did; it keeps who was killed when and
+    restarted how often, and run_simulated hands it back)."""
 
-    def __init__(self, plan: Plan):
+    def __init__(self, plan: Plan, simulator=None):
         self.base = plan.emulated_region_links()
-        self.network = None
+        self.ranks = {node.name: node.rank for node in plan.nodes}
+        self.simulator = simulator
 
-    def set_link(self, src_region: str, dst_region: str, spec: Optional[dict]) -> None:
+    def set_link(self, src_region: str, dst_region: str, spec: Optional[LinkSpec]) -> None:
         down = dataclasses.replace(self.base[(src_region, dst_region)], loss_fraction=1.0)
-        self.network.set_link(src_region, dst_region, down if spec is None else LinkSpec(**spec))
+        self.simulator.network.set_link(src_region, dst_region, down if spec is None else spec)
+
+    def set_cpu_factor(self, node: str, factor: float) -> str:
+        self.simulator.compute_factor[self.ranks[node]] = factor
+        return simulated_compute_effect(factor)
+
+    def crash(self, node: str) -> str:
+        return self.simulator.crash(self.ranks[node])
+
+    def restart(self, node: str) -> str:
+        return self.simulator.restart(self.ranks[node])
 
 
-def fault_actions(planned: list[dict], plan: Plan, record_path: Path,
+def fault_actions(actions: list[FaultAction], plan: Plan, record_path: Path,
                   wall_time: Callable[[], float]) -> list[tuple[float, Callable]]:
-    """`planned` (harness.faults.planned_actions) as (virtual time, action(simulator)) for
-    run_simulated; each applied action is appended to `record_path` as on tun, with `wall_time()`
-    (the virtual clock's reading, like the records' time_unix) as its time_unix. A crash or a
-    restart is the simulator's (`crash`, `restart`: its effect is what they say they did; the
-    simulator keeps who was killed when and restarted how often, and run_simulated hands it back)."""
-    links = _SimLinks(plan)
-    ranks = {node.name: node.rank for node in plan.nodes}
-    by_time: dict[float, list[dict]] = {}
-    for action in planned:
-        by_time.setdefault(action["due_s"], []).append(action)
+    """The job's fault `actions` as (virtual time, action(simulator)) for run_simulated, applied
+    through `SimFaults`; each applied action is appended to `record_path` as on tun, with
+    `wall_time()` (the virtual clock's reading, like the records' time_unix) as its time_unix."""
+    executor = SimFaults(plan)
+    by_time: dict[float, list[FaultAction]] = {}
+    for action in actions:
+        by_time.setdefault(action.due_s, []).append(action)
 
-    def run(simulator, due_s: float, actions: list[dict]) -> None:
-        links.network = simulator.network
-        for action in actions:
-            try:
-                effect = action["effect"]
-                for call in action["calls"]:
-                    if "set_link" in call:
-                        links.set_link(*call["set_link"])
-                    elif "cpu_factor" in call:
-                        node, factor = call["cpu_factor"]
-                        simulator.compute_factor[ranks[node]] = factor
-                    elif "crash" in call:
-                        effect = simulator.crash(ranks[call["crash"]])
-                    else:
-                        effect = simulator.restart(ranks[call["restart"]])
-                ok = True
-            except Exception as exc:  # noqa: BLE001 - a failed injection is recorded, the run goes on
-                effect, ok = f"{type(exc).__name__}: {exc}", False
-            write_fault_record(record_path, action["due_s"], due_s, action["what"], effect, ok, wall_time())
+    def run(simulator, due_s: float, due: list[FaultAction]) -> None:
+        executor.simulator = simulator
+        for action in due:
+            run_action(action, executor, record_path, due_s, wall_time())
 
-    return [(due_s, lambda simulator, t=due_s, a=actions: run(simulator, t, a))
-            for due_s, actions in sorted(by_time.items())]
+    return [(due_s, lambda simulator, t=due_s, a=due: run(simulator, t, a))
+            for due_s, due in sorted(by_time.items())]
+
+
+@dataclasses.dataclass(frozen=True)
+class SimJobInput:
+    """What a sim job's process reads from its folder (what its JobSpec wrote): the trainers'
+    config, the point's plan, the seed, the NIC, the compute model, the fault actions."""
+
+    config: object  # trainers.config.Config
+    plan: Plan
+    seed: int
+    nic_rate_bit_s: Optional[float]
+    compute: dict
+    faults: tuple[FaultAction, ...]
+
+    @classmethod
+    def read(cls, job_dir: Path) -> "SimJobInput":
+        from trainers.loading import load_config
+
+        sim = json.loads((job_dir / SIM_FILE).read_text())
+        return cls(load_config(job_dir / "config.json"), Plan.from_json(Path(sim["plan"]).read_text()),
+                   sim["seed"], sim.get("nic_rate_bit_s"), sim["compute"],
+                   tuple(action_from_record(record) for record in sim.get("faults") or []))
 
 
 def main(argv: Optional[list[str]] = None, engine: Optional[SimpleNamespace] = None) -> int:
@@ -189,16 +204,13 @@ def main(argv: Optional[list[str]] = None, engine: Optional[SimpleNamespace] = N
     parser.add_argument("job_dir", type=Path)
     args = parser.parse_args(argv)
     engine = engine or load_engine()  # run_simulated raises the open-files limit itself
-    from trainers.loading import load_config
-
     job_dir: Path = args.job_dir
-    spec = json.loads((job_dir / SIM_FILE).read_text())
-    plan = Plan.from_json(Path(spec["plan"]).read_text())
-    config = load_config(job_dir / "config.json")
-    network = engine.FluidNetwork.from_plan(plan, nic_rate_bit_s=spec.get("nic_rate_bit_s"), seed=spec["seed"])
-    compute = engine.ComputeModel(**spec["compute"])
-    actions = fault_actions(spec.get("faults") or [], plan, job_dir / "faults.jsonl", engine.wall_time)
-    run = engine.run_simulated(config, len(plan.nodes), network, compute, actions)
+    given = SimJobInput.read(job_dir)
+    plan = given.plan
+    network = engine.FluidNetwork.from_plan(plan, nic_rate_bit_s=given.nic_rate_bit_s, seed=given.seed)
+    compute = engine.ComputeModel(**given.compute)
+    actions = fault_actions(list(given.faults), plan, job_dir / "faults.jsonl", engine.wall_time)
+    run = engine.run_simulated(given.config, len(plan.nodes), network, compute, actions)
     ended = [r for r in run if r is not None]  # a rank killed and not restarted has none
     stops = sorted({r.stop_reason for r in ended})
     print(f"sim: {len(run)} ranks, rank 0 took {run[0].steps if run and run[0] else 0} steps "

@@ -16,7 +16,7 @@ import harness.run as run_module
 from emulator.schema import ConfigError
 from harness import cli
 from harness.auto_dilation import StepMeasurement, rank_threads
-from harness.faults import planned_actions
+from harness.faults import action_record, compile_actions
 from harness.report import write_report
 from harness.scenario import load_scenario
 from harness.sim_job import sim_run
@@ -83,18 +83,18 @@ def test_start_offsets_resolve_per_job_to_ranks_of_its_own_plan(write_yaml):
     sim = sim_run(scenario)
     sync, ps = sorted(scenario.jobs, key=lambda job: job.label != "sync")
     assert sim.start_offsets == {"async_ps": {"b-0": 0.4, "a-1": 0.1}} and sim.record()["start_offsets_s"]
-    assert "start_offsets_s" not in sim.job_spec(sync, Path("plan.json"), [], make_plan(scenario.topology_for(sync.network)))["compute"]
+    assert "start_offsets_s" not in sim.job_compute(sync, make_plan(scenario.topology_for(sync.network)))
     # async PS runs with its server on an extra node a-1: a-0, a-1, b-0 are ranks 0, 1, 2
     plan = make_plan(scenario.topology_for(ps.network))
     assert [node.name for node in plan.nodes] == ["a-0", "a-1", "b-0"]
-    assert sim.job_spec(ps, Path("plan.json"), [], plan)["compute"]["start_offsets_s"] == [0.0, 0.1, 0.4]
+    assert sim.job_compute(ps, plan)["start_offsets_s"] == [0.0, 0.1, 0.4]
     # node -> seconds: every job, a node a job's plan lacks (the server's a-1 in sync's) left out
     every = load_scenario(write_yaml(START_OFFSETS.replace("nic: 1Gbit}", "nic: 1Gbit, start_offsets_s: {b-0: 0.2, a-1: 0.1}}"),
                                      "every.yaml"))
     sim = sim_run(every)
     sync, ps = sorted(every.jobs, key=lambda job: job.label != "sync")
-    assert sim.job_spec(sync, Path("p"), [], make_plan(every.topology_for(sync.network)))["compute"]["start_offsets_s"] == [0.0, 0.2]
-    assert sim.job_spec(ps, Path("p"), [], make_plan(every.topology_for(ps.network)))["compute"]["start_offsets_s"] == [0.0, 0.1, 0.2]
+    assert sim.job_compute(sync, make_plan(every.topology_for(sync.network)))["start_offsets_s"] == [0.0, 0.2]
+    assert sim.job_compute(ps, make_plan(every.topology_for(ps.network)))["start_offsets_s"] == [0.0, 0.1, 0.2]
 
 
 @pytest.mark.parametrize("offsets, field, message", [
@@ -151,7 +151,7 @@ def test_link_and_straggler_faults_become_actions_as_data(write_yaml):
     from emulator.plan import make_plan
 
     plan = make_plan(base)
-    actions = planned_actions(scenario.spec.faults, plan.emulated_region_links())
+    actions = [action_record(a) for a in compile_actions(scenario.faults, plan.emulated_region_links())]
     assert [(a["due_s"], a["what"]) for a in actions] == [
         (0.1, "link a->b down"), (0.1, "link b->a down"), (0.15, "straggler a-0 x3"),
         (0.2, "link a->b up"), (0.2, "link b->a up"), (pytest.approx(0.25), "straggler a-0 ends")]
@@ -173,10 +173,10 @@ def test_crashes_and_restarts_become_actions_the_simulator_applies(write_yaml):
     from harness.sim_job import fault_actions
 
     plan = make_plan(scenario.topology_for(scenario.network_points()[0]))
-    planned = planned_actions(scenario.spec.faults, plan.emulated_region_links())
-    assert [(a["due_s"], a["what"], a["calls"], a["effect"]) for a in planned] == [
+    planned = compile_actions(scenario.faults, plan.emulated_region_links())
+    assert [(a["due_s"], a["what"], a["calls"], a["effect"]) for a in map(action_record, planned)] == [
         (1.0, "node_crash b-0", [{"crash": "b-0"}], None), (1.5, "restart b-0", [{"restart": "b-0"}], None)]
-    json.dumps(planned)
+    json.dumps([action_record(a) for a in planned])
 
     class Simulator:  # what fault_actions asks of trainers.sim.Simulator (which keeps the crash facts)
         def __init__(self):
