@@ -173,9 +173,9 @@ def test_a_run_chooses_k_before_the_network_and_its_report_names_k_and_the_data(
         def down(self):
             events.append("down")
 
-    def ranks_on_loopback(plan, job, job_dir, port, timeout_s, tick, **kwargs):
-        job_dir.mkdir(parents=True)
-        (job_dir / "config.json").write_text(json.dumps({**job.trainer_config, "output_dir": str(job_dir)}))
+    def ranks_on_loopback(plan, spec, port, tick, **kwargs):
+        job, job_dir = spec.job, spec.job_dir
+        spec.write()
         exits = launch_local(job_dir / "config.json", len(plan.nodes), timeout_s=120)
         failed = [f"rank {e.rank}: {e.stderr_tail}" for e in exits if e.returncode != 0]
         outcome = JobOutcome(job.job_id, "failed" if failed else "ok", 1.0, "; ".join(failed))

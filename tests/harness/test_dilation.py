@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from emulator.dilation import DilatedLinks
 from emulator.linkspec import LinkSpec
 from emulator.schema import ConfigError
 from harness.dilation import dilated_trainer_config, load_profile
-from harness.faults import FaultEvent, FaultTimeline
+from harness.faults import FaultEvent, FaultProgram, FaultSchedule, NetworkAndNodes, compile_actions
+from harness.jobspec import JobSpec, dilated
 from harness.results import load_run, summarize
 from harness.scenario import load_scenario
 from tests.harness.test_report import FakeJob, write_run
@@ -71,12 +71,21 @@ def test_fault_times_are_emulated_seconds_and_links_emulated_units(tmp_path):
     base = {("a", "b"): LinkSpec(one_way_delay_ms=10.0, rate_bit_s=100e6, queue_bytes=10_000),
             ("b", "a"): LinkSpec(one_way_delay_ms=10.0, rate_bit_s=100e6, queue_bytes=10_000)}
     event = FaultEvent.model_validate({"at": "5s", "kind": "link_change", "from": "a", "to": "b", "delay": "20ms"})
-    timeline = FaultTimeline([event], base, DilatedLinks(Network(), 4.0), nodes=None,
-                             record_path=tmp_path / "faults.jsonl", time_dilation=4.0)
+    job = load_scenario_job()
+    emulated = JobSpec(job=job, job_dir=tmp_path, backend="tun", nodes=2, trainer=None, trainer_document={},
+                       faults=compile_actions(FaultProgram((event,)), base))
+    timeline = FaultSchedule(dilated(emulated, 4.0).faults, NetworkAndNodes(Network(), None),
+                             record_path=tmp_path / "faults.jsonl")
     assert timeline.poll(19.9) == [] and applied == []      # due at 4 x 5 s of wall clock
     [record] = timeline.poll(20.0)
     assert record["due_s"] == 20.0 and "delay 20 ms" in record["effect"]   # said in emulated units
     assert applied[0][2].one_way_delay_ms == 80.0 and applied[0][2].rate_bit_s == 25e6  # applied dilated
+
+
+def load_scenario_job():
+    from harness.scenario import Job, NetworkPoint
+
+    return Job(job_id="delay1-sync-seed0", network=NetworkPoint(), algorithm="sync", label="sync", seed=0)
 
 
 def test_a_dilated_run_reports_the_same_figures_as_the_undilated_one(tmp_path):

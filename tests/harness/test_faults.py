@@ -1,11 +1,13 @@
-"""Fault timelines: events validated like topologies, expanded into timed actions, each recorded."""
+"""Fault timelines: events validated like topologies, compiled into timed actions (data), applied
+through an executor, each recorded."""
 
 import json
 import textwrap
 
 import pytest
 
-from harness.faults import FaultEvent, FaultTimeline, read_trace
+from harness.faults import (FaultEvent, FaultProgram, FaultSchedule, NetworkAndNodes, action_from_record,
+                            action_record, compile_actions, read_trace)
 from harness.scenario import load_scenario
 from emulator.schema import ConfigError
 from emulator.topology import LinkSpec
@@ -36,13 +38,16 @@ class Recorder:
         return f"x{factor}"
 
 
+def compiled(tmp_path, events):
+    parsed = tuple(FaultEvent.model_validate(e) for e in events)
+    traces = {i: tuple(read_trace(tmp_path / e.file)) for i, e in enumerate(parsed) if e.kind == "trace"}
+    return compile_actions(FaultProgram(parsed, traces), BASE)
+
+
 def timeline(tmp_path, events):
     recorder = Recorder()
-    parsed = [FaultEvent.model_validate(e) for e in events]
-    for event in parsed:
-        if event.kind == "trace":
-            event.trace_rows = read_trace(tmp_path / event.file)
-    t = FaultTimeline(parsed, BASE, network=recorder, nodes=recorder, record_path=tmp_path / "faults.jsonl")
+    t = FaultSchedule(compiled(tmp_path, events), NetworkAndNodes(recorder, recorder),
+                      record_path=tmp_path / "faults.jsonl")
     return t, recorder.calls
 
 
@@ -92,8 +97,9 @@ def test_failed_injection_is_recorded_not_raised(tmp_path):
         def set_link(self, *args):
             return 1 / 0
 
-    t = FaultTimeline([FaultEvent.model_validate({"at": "0s", "kind": "link_down", "from": "a", "to": "b"})],
-                      BASE, network=BrokenNetwork(), nodes=None, record_path=tmp_path / "f.jsonl")
+    actions = compile_actions(FaultProgram((FaultEvent.model_validate({"at": "0s", "kind": "link_down", "from": "a",
+                                                                        "to": "b"}),)), BASE)
+    t = FaultSchedule(actions, NetworkAndNodes(BrokenNetwork(), None), record_path=tmp_path / "f.jsonl")
     (record,) = t.poll(1)
     assert record["ok"] is False and "ZeroDivisionError" in record["effect"]
 
@@ -151,3 +157,34 @@ def test_tcp_comm_for_an_algorithm_built_on_collectives_names_the_field(write_ya
         load_scenario(path)
     assert str(info.value).startswith(f"{path}: workload.comm.backend: tcp is for the crash-tolerant algorithms [")
     assert str(info.value).endswith("sync needs every rank in every collective (use gloo or nccl)")
+
+
+def test_actions_are_data_that_round_trip_through_their_record(tmp_path):
+    (tmp_path / "trace.csv").write_text("time_s,rate,delay\n0,50Mbit,20ms\n2.5,5Mbit,\n")
+    actions = compiled(tmp_path, [
+        {"at": "1s", "kind": "trace", "from": "a", "to": "b", "file": "trace.csv"},
+        {"at": "1.5s", "kind": "link_down", "between": ["a", "b"]},
+        {"at": "2s", "kind": "node_crash", "node": "b-0", "restart_after": "4s"},
+        {"at": "0s", "kind": "straggler", "node": "a-0", "factor": 3, "duration": "10s"}])
+    assert [a.op for a in actions] == ["cpu_factor", "set_link", "set_link", "set_link", "crash", "set_link",
+                                       "restart", "cpu_factor"]
+    records = json.loads(json.dumps([action_record(a) for a in actions]))
+    assert [action_from_record(r) for r in records] == list(actions)
+    assert records[0] == {"due_s": 0.0, "what": "straggler a-0 x3", "effect": "compute x3",
+                          "calls": [{"cpu_factor": ["a-0", 3.0]}]}
+
+
+def test_loading_and_compiling_leave_the_scenario_s_events_as_they_were(write_yaml, tmp_path):
+    """The trace is read once, at load, into the scenario's FaultProgram; no check or compile
+    step writes into the events."""
+    (tmp_path / "trace.csv").write_text("time_s,rate,delay\n0,50Mbit,20ms\n")
+    path = write_yaml((SCENARIO % "{at: 1s, kind: trace, between: [a, b], file: trace.csv}").replace(
+        "faults:\n", "faults:\n  - {at: 2s, kind: loss_burst, between: [a, b], loss: 5%, duration: 1s}\n"), "s.yaml")
+    scenario = load_scenario(path)
+    before = [dict(vars(event)) for event in scenario.spec.faults]
+    assert scenario.faults.events == tuple(scenario.spec.faults)
+    assert scenario.faults.traces == {1: ((0.0, 50e6, 20.0),)}
+    first = compile_actions(scenario.faults, BASE)
+    assert compile_actions(scenario.faults, BASE) == first     # compiling twice: the same data
+    assert [dict(vars(event)) for event in scenario.spec.faults] == before
+    assert not hasattr(scenario.spec.faults[1], "trace_rows")

@@ -16,6 +16,7 @@ from emulator.netns import SystemCheckError
 from emulator.plan import make_plan
 from harness.gpus import GpuPlacement, nccl_environment, place_job, place_ranks, visible_gpus
 from harness.jobs import JobProcesses
+from harness.jobspec import job_spec
 from harness.scenario import load_scenario
 from trainers import runner
 from trainers.config import Config, ConfigError
@@ -31,7 +32,8 @@ algorithms: [{name: sync}]
 def job_processes(write_yaml, tmp_path, device: str, backend: str) -> JobProcesses:
     """The 4-node lan scenario's job (device, comm backend) as the harness would start it."""
     scenario = load_scenario(write_yaml(SCENARIO.replace("DEVICE", device).replace("BACKEND", backend), "s.yaml"))
-    return JobProcesses(make_plan(scenario.topology), scenario.jobs[0], tmp_path / "job", 29500)
+    plan = make_plan(scenario.topology)
+    return JobProcesses(plan, job_spec(scenario, scenario.jobs[0], tmp_path / "job", plan, "tun"), 29500)
 
 
 @pytest.fixture

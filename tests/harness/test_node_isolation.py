@@ -2,6 +2,7 @@
 leaves no daemon behind, and a job whose rank goes over the node's memory limit is reported with a
 clear reason (a scenario's node_limits override the topology's)."""
 
+import dataclasses
 import json
 import textwrap
 import time
@@ -12,6 +13,7 @@ import pytest
 from emulator.backends.tun import TunBackend
 from emulator.plan import make_plan
 from harness.jobs import run_job
+from harness.jobspec import job_spec
 from harness.scenario import load_scenario
 from tests.conftest import run_wanbench
 
@@ -84,7 +86,8 @@ def test_a_rank_over_the_node_memory_limit_fails_the_job_with_the_reason(prefix,
     backend = TunBackend(plan)
     backend.up()
     try:
-        outcome = run_job(plan, scenario.jobs[0], tmp_path / "job", 29710, timeout_s=60)
+        spec = job_spec(scenario, scenario.jobs[0], tmp_path / "job", plan, backend.name)
+        outcome = run_job(plan, dataclasses.replace(spec, timeout_s=60), 29710)
     finally:
         backend.down()
     assert outcome.status == "failed", outcome

@@ -4,6 +4,7 @@ The backend's own counters (the delay line's per-pair packets and bytes) must no
 evaluator evaluates a job's snapshots; the ranks' step records must not contain evaluation time.
 """
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from emulator.backends.tun import TunBackend
 from emulator.measure.counters import traffic_by_node
 from emulator.plan import make_plan
 from harness.jobs import run_job
+from harness.jobspec import job_spec
 from harness.results import load_run, summarize
 from harness.scenario import load_scenario
 
@@ -41,7 +43,8 @@ def test_evaluation_sends_no_byte_and_takes_no_training_time(test_prefix, write_
     try:
         job = scenario.jobs[0]
         job_dir = tmp_path / "job"
-        outcome = run_job(plan, job, job_dir, 29660, timeout_s=300, network=backend, stop=scenario.spec.stop)
+        spec = dataclasses.replace(job_spec(scenario, job, job_dir, plan, backend.name), timeout_s=300)
+        outcome = run_job(plan, spec, 29660, network=backend)
         assert outcome.status == "ok", (outcome, (job_dir / "rank0.log").read_text()[-2000:])
         evals = [json.loads(line) for line in (job_dir / "eval.jsonl").read_text().splitlines()]
         assert len(evals) == 10  # every 2 steps of 20, evaluated after the job (no target: no follow)

@@ -1,5 +1,6 @@
 """Watchdogs: a stuck rank or a dead rank ends the job with a clear status in bounded time."""
 
+import dataclasses
 import os
 import signal
 import textwrap
@@ -10,6 +11,7 @@ import pytest
 from emulator.backends.tun import TunBackend
 from emulator.plan import make_plan
 from harness.jobs import run_job
+from harness.jobspec import job_spec
 from harness.scenario import load_scenario
 
 pytestmark = pytest.mark.integration
@@ -77,7 +79,8 @@ def test_stuck_or_dead_rank_ends_the_job(network, tmp_path, sig, status):
             rank_pids["sent"] = time.monotonic()
 
     start = time.monotonic()
-    outcome = run_job(plan, job, job_dir, 29650, timeout_s=240, on_tick=on_tick, stall_timeout_s=5)
+    spec = dataclasses.replace(job_spec(scenario, job, job_dir, plan, "tun"), timeout_s=240, stall_timeout_s=5)
+    outcome = run_job(plan, spec, 29650, on_tick=on_tick)
     log = (job_dir / "rank1.log").read_text()[-1500:] if (job_dir / "rank1.log").exists() else ""
     assert "sent" in rank_pids, f"rank 1 was never signalled: {outcome}\n{log}"
     assert outcome.status == status, outcome

@@ -1,6 +1,7 @@
 """CUDA runs: compute on the GPU, communicate with gloo (staged through CPU) or NCCL; and a 4-rank
 CUDA job through the emulated WAN, placed on GPUs by the harness (harness/gpus.py, docs/GPU.md)."""
 
+import dataclasses
 import json
 import textwrap
 
@@ -74,6 +75,7 @@ def test_four_rank_cuda_job_through_the_emulated_wan(test_prefix, write_yaml, tm
     from emulator.plan import make_plan
     from harness.gpus import visible_gpus
     from harness.jobs import run_job
+    from harness.jobspec import job_spec
     from harness.scenario import load_scenario
 
     monkeypatch.setenv("NCCL_DEBUG", "INFO")  # the ranks inherit it: their logs name NCCL's transport
@@ -84,8 +86,8 @@ def test_four_rank_cuda_job_through_the_emulated_wan(test_prefix, write_yaml, tm
     own = len(visible) >= len(plan.nodes)
     job_dir = tmp_path / "job"
     with network_up(TunBackend(plan)) as backend:
-        outcome = run_job(plan, scenario.jobs[0], job_dir, 29670, timeout_s=540, network=backend,
-                          stop=scenario.spec.stop)
+        spec = job_spec(scenario, scenario.jobs[0], job_dir, plan, backend.name)
+        outcome = run_job(plan, dataclasses.replace(spec, timeout_s=540), 29670, network=backend)
     logs = [(job_dir / f"rank{rank}.log").read_text() for rank in range(4)]
     assert outcome.status == "ok", (outcome, logs[0][-3000:])
 
