@@ -22,13 +22,16 @@ import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from emulator.dilation import MAX_TIME_DILATION, MIN_TIME_DILATION
 
 from .dilation import ComputeProfile, load_profile
 from .jobs import default_rank_threads
 from .scenario import AUTO_TIME_DILATION, Scenario
+
+if TYPE_CHECKING:
+    from trainers.config import Config
 
 # The padded step is at least this many times the estimated real one. Measured on this 2-core
 # machine (ResNet-20, batch 64, one thread per rank): alone 0.36 s; 2 ranks at once 0.44-0.45 s
@@ -89,19 +92,18 @@ def step_time_key(trainer_config: dict) -> str:
                       sort_keys=True, default=str)
 
 
-def measure_step_s(trainer_config: dict, threads: int, warmup: int = WARMUP_STEPS, steps: int = TIMED_STEPS,
+def measure_step_s(config: "Config", threads: int, warmup: int = WARMUP_STEPS, steps: int = TIMED_STEPS,
                    clock: Callable[[], float] = time.perf_counter) -> StepMeasurement:
-    """Time the forward + backward of `trainer_config`'s model on one batch of its own data, as a
-    rank computes it (the trainers' loss, the padded part of a step), with `threads` intra-op
-    threads: `warmup` untimed steps, then the median of `steps` timed ones. `clock` is injectable."""
+    """Time the forward + backward of the trainer `config`'s model (a job's, `Job.trainer`) on one
+    batch of its own data, as a rank computes it (the trainers' loss, the padded part of a step),
+    with `threads` intra-op threads: `warmup` untimed steps, then the median of `steps` timed
+    ones. `clock` is injectable."""
     import torch
 
     from trainers.datasets import load_dataset
-    from trainers.loading import load_config
     from trainers.models import build_model
     from trainers.training import loss_fn
 
-    config = load_config({**trainer_config, "output_dir": "/nonexistent-measure-only"})
     device = torch.device("cuda" if config.device == "cuda" else "cpu")
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -174,17 +176,17 @@ def rank_threads(ranks: int, environ=os.environ) -> int:
     return int(value) if value.isdigit() and int(value) > 0 else default_rank_threads(ranks)
 
 
-def auto_time_dilation(scenario: Scenario, measure: Callable[[dict, int], StepMeasurement] = measure_step_s,
+def auto_time_dilation(scenario: Scenario, measure: Callable[["Config", int], StepMeasurement] = measure_step_s,
                        cores: Optional[int] = None, headroom: float = AUTO_HEADROOM) -> Scenario:
     """`scenario` with `time_dilation: auto` replaced by the chosen K and how it was chosen
     (`Scenario.time_dilation_auto`); every distinct workload of its jobs is measured once
-    (`measure(trainer_config, threads)`, injectable). A scenario at a given K is returned as is."""
+    (`measure(job.trainer, threads)`, injectable). A scenario at a given K is returned as is."""
     if scenario.time_dilation != AUTO_TIME_DILATION:
         return scenario
     profile = load_profile(scenario.spec.compute_profile, scenario.source_file)
     ranks = max(sum(scenario.topology_for(point).regions.values()) for point in scenario.network_points())
     threads = rank_threads(ranks)
-    workloads = {step_time_key(job.trainer_config): job.trainer_config for job in scenario.jobs}
+    workloads = {step_time_key(job.trainer_config): job.trainer for job in scenario.jobs}
     measured = [measure(config, threads) for config in workloads.values()]
     choice = choose_time_dilation(profile, measured, ranks, cores or os.cpu_count() or 1,
                                   scenario.spec.cpu_share, headroom)

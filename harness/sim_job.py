@@ -85,8 +85,7 @@ class SimRun:
         return record
 
 
-def sim_run(scenario: Scenario,
-            measure: Callable[[dict, int], StepMeasurement] = measure_step_s) -> SimRun:
+def sim_run(scenario: Scenario, measure: Callable[..., StepMeasurement] = measure_step_s) -> SimRun:
     """The compute model of each distinct workload of `scenario` (sim.compute_s, or with "auto"
     its forward + backward measured here once, for one rank alone with the threads a rank of the
     job would get: no contention scaling, the simulator runs ranks one after another) and the NIC."""
@@ -98,7 +97,7 @@ def sim_run(scenario: Scenario,
         if key in compute:
             continue
         if settings.compute_s == AUTO_SIM_COMPUTE:
-            m = measure(job.trainer_config, rank_threads(ranks))
+            m = measure(job.trainer, rank_threads(ranks))
             seconds = m.step_s
             source = (f"measured here: {m.workload}: {m.step_s * 1e3:.3g} ms per forward + backward "
                       f"({m.device}, {m.threads} thread(s), median of {len(m.samples) or '?'}, one rank alone)")

@@ -85,8 +85,8 @@ def test_a_scenario_with_auto_gets_k_from_each_distinct_workload_measured_once(w
     calls = []
 
     def measure(config, threads):
-        calls.append((config["batch_size"], threads))
-        return measured(0.3 if config["batch_size"] == 64 else 0.6, threads)
+        calls.append((config.batch_size, threads))
+        return measured(0.3 if config.batch_size == 64 else 0.6, threads)
 
     chosen = auto_time_dilation(scenario, measure, cores=2)
     assert calls == [(64, 1)]                   # sync and local SGD train the same workload: timed once
@@ -138,7 +138,7 @@ def test_time_dilation_auto_on_the_command_line_needs_a_profile(write_yaml, caps
 def test_the_measurement_times_forward_and_backward_after_the_warm_up(write_yaml):
     scenario = load_scenario(write_yaml(SCENARIO.replace("resnet20", "mlp"), "s.yaml"))
     ticks = iter([0.0, 9.0, 0.0, 9.0] + [t for step in (0.5, 0.1, 0.3, 0.2, 0.4) for t in (10.0, 10.0 + step)])
-    result = measure_step_s(scenario.jobs[0].trainer_config, threads=1, clock=lambda: next(ticks))
+    result = measure_step_s(scenario.jobs[0].trainer, threads=1, clock=lambda: next(ticks))
     assert result.samples == pytest.approx([0.5, 0.1, 0.3, 0.2, 0.4])   # the two 9 s warm-up steps left out
     assert result.step_s == pytest.approx(0.3)                          # the median
     assert result.workload == "mlp on cifar10, batch 64" and result.threads == 1

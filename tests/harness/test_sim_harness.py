@@ -345,7 +345,7 @@ def test_compute_auto_is_measured_once_per_workload_for_one_rank(write_yaml):
     measured = []
 
     def measure(config, threads):
-        measured.append((config["model"]["name"], threads))
+        measured.append((config.model.name, threads))
         return StepMeasurement("mlp on digits, batch 32", 0.004, [0.004] * 5, threads)
 
     sim = sim_run(scenario, measure)
