@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 from emulator import cgroups
 from emulator.files import write_json_atomic
@@ -27,7 +27,7 @@ from emulator.processes import stop as stop_processes
 
 from .faults import FaultSchedule, LinkControl, NetworkAndNodes
 from .gpus import nccl_environment, place_job
-from .jobspec import CONFIG_FILE, SIM_FILE, JobSpec
+from .jobspec import CONFIG_FILE, JobSpec
 from trainers.records import RecordTail
 from trainers.stop import stop_step_from_records, write_stop
 

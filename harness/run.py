@@ -10,6 +10,9 @@ Layout of a run directory (results/runs/<scenario>/<run-id>/):
         in), rank<N>.jsonl, rank<N>.log, job.json (status, times); on sim, sim.json (the compute
         model, the NIC, the fault actions) and sim.log instead of rank<N>.log, times virtual
     summary.csv            one row per job (see harness/results.py)
+
+Each job's files are written from its spec (harness/jobspec.py: made once per job, dilated once
+on tun, read by run_job / run_sim_job); job.json when the job ends (harness/jobs.py).
     COMPLETE               written last; its absence marks an incomplete run
     INTERRUPTED            written instead when a signal or an error ended the run (with why)
 """

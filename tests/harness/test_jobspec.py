@@ -13,8 +13,8 @@ import harness.jobs as jobs_module
 import harness.run as run_module
 from emulator.plan import make_plan
 from emulator.schema import ConfigError
-from harness.faults import FaultSchedule, NetworkAndNodes, action_from_record, action_record, compile_actions
-from harness.jobspec import JobSpec, dilated, job_spec
+from harness.faults import FaultSchedule, NetworkAndNodes, action_from_record, action_record
+from harness.jobspec import dilated, job_spec
 from harness.scenario import load_scenario
 from harness.sim_job import SimJobInput, sim_run
 from tests.harness.jobspec_golden import FAKE_ENGINE_CRASHES, SCENARIO, TRACE, normalized_run

@@ -1,5 +1,8 @@
-"""Record what today's harness writes for a small faulty scenario (sim run with a stand-in engine,
-and the tun-side dilated config and fault timeline), for tests/harness/test_jobspec.py."""
+"""Record what the harness wrote for a small faulty scenario (a sim run with a stand-in engine, and
+the tun side's dilated trainer configs and fault timeline at K = 4) before the job spec, for
+tests/harness/test_jobspec.py: jobspec_golden.json was made by running this script at commit
+fc659a3 (it uses that commit's API: FaultTimeline, DilatedLinks, dilated_trainer_config on the
+job's dict) as `python tests/harness/data/record_jobspec_golden.py SCRATCH_DIR`."""
 import io, json, sys, textwrap
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
