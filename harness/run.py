@@ -30,6 +30,7 @@ from emulator.measure.verify import VerifyOptions, rate_warnings, verify
 from emulator.plan import make_plan
 
 from .auto_dilation import auto_time_dilation, measure_step_s
+from .byo import failure_lines
 from .dilation import dilated_trainer_config
 from .environment import environment
 from .jobs import last_records, run_job, run_sim_job
@@ -245,6 +246,8 @@ def _run_points(scenario: Scenario, backend_cls, run_dir: Path, console, timeout
                 mark = "[green]ok[/]" if outcome.status == "ok" else f"[red]{outcome.status}[/] {outcome.reason}"
                 console.print(f"  {job.label} seed {job.seed}: {mark} in {outcome.wall_s:.1f}s, "
                               f"step {state['step']}, acc {state['acc']}")
+                for line in failure_lines(job_dir, outcome.status, outcome.reason):  # rank, log, error
+                    console.print(f"    {line}", markup=False, highlight=False)
         finally:
             if backend is not None:
                 backend.down()

@@ -17,6 +17,7 @@ from typing import Literal, Optional, Union
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .byo import check_command_paths, scenario_folder
 from .dilation import ComputeProfile, load_profile
 from .faults import FaultEvent, read_trace
 from .inputs import topology_from_document
@@ -215,6 +216,10 @@ class ScenarioFile(BaseModel):
     stop: StopRule = StopRule()
     algorithms: list[AlgorithmEntry] = Field([], max_length=50)
     command: Optional[list[str]] = Field(None, min_length=1)
+    # command's working folder, and more folders every node must see (relative: from the scenario's
+    # folder; checked before anything is built: harness/byo.py)
+    cwd: Optional[str] = None
+    mounts: list[str] = Field([], max_length=50)
     seeds: list[int] = Field([0], min_length=1, max_length=MAX_SEEDS)
     sweep: SweepAxes = SweepAxes()
     verify: VerifySettings = VerifySettings()
@@ -302,6 +307,8 @@ class Job:
     command: Optional[list[str]] = None
     base_label: str = ""         # the algorithm entry's label, before sweep values were added
     tuned: dict = field(default_factory=dict)  # workload values of a tuning sweep (dotted key -> value)
+    cwd: Optional[str] = None    # the command's working folder (absolute)
+    mounts: list[str] = field(default_factory=list)  # folders the nodes must see: the scenario's, its mounts:
 
 
 @dataclass
@@ -503,6 +510,11 @@ def scenario_from_dict(data: dict, source: str) -> Scenario:
     name = spec.name or Path(source).stem
 
     _check_faults(source, spec, topology)
+    cwd, mounts = check_command_paths(spec.cwd, spec.mounts, source)
+    if cwd is not None and spec.command is None:
+        raise ConfigError("cwd", "is the working folder of command:, and there is no command: (the trainers "
+                          "need none)", source=source)
+    mounts = list(dict.fromkeys([scenario_folder(source), *mounts]))
     if spec.backend == SIM_BACKEND:
         check_sim(spec, source)
     if spec.time_dilation == AUTO_TIME_DILATION:
@@ -545,7 +557,7 @@ def scenario_from_dict(data: dict, source: str) -> Scenario:
                         seed=seed, params=placed,
                         trainer_config=(_trainer_config(spec, entry.name, placed, seed, workload, profile)
                                         if spec.command is None else {}),
-                        command=spec.command, base_label=label, tuned=tuned))
+                        command=spec.command, base_label=label, tuned=tuned, cwd=cwd, mounts=mounts))
     labels_made = [job.label for job in jobs]
     clash = sorted({x for x in labels_made if labels_made.count(x) > len(points) * len(spec.seeds)})
     if clash:
