@@ -170,6 +170,11 @@ def congestion_control(job: dict) -> Optional[str]:
     return ((job.get("node_stack") or {}).get("sysctls") or {}).get("net.ipv4.tcp_congestion_control")
 
 
+def has_values(frame, column: str) -> bool:
+    """Whether a records frame has `column` with a value in it (a user's script writes only some)."""
+    return column in frame and frame[column].notna().any()
+
+
 # The report ----------------------------------------------------------------------------------
 def _bytes(value) -> str:
     for factor, unit in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
