@@ -212,3 +212,76 @@ def report_lines(run_dir: Path) -> list[str]:
     if not lines:
         return []
     return ["## Jobs: wall time, network stack in the nodes, wire bytes per pair", "", *lines, ""]
+
+
+# A script run by hand (`wanbench up` + `wanbench exec NODE -- torchrun ...`) -------------------
+BY_HAND_RUN = "wanbench-run"  # the run directory `report` makes inside a folder of records
+
+
+def _records_wall_s(rank_files: list[Path]) -> Optional[float]:
+    """From the first writer's creation to the last record, over every rank file (wall clock)."""
+    starts, ends = [], []
+    for path in rank_files:
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("time_unix") is not None:
+                ends.append(record["time_unix"])
+                if record.get("time_s") is not None:
+                    starts.append(record["time_unix"] - record["time_s"])
+    return round(max(ends) - min(starts), 3) if starts and ends else None
+
+
+def run_dir_of(path) -> Path:
+    """`path` as `wanbench report` takes it: a run directory as it is; a folder of a script's
+    records (rank<N>.jsonl, the WANBENCH_OUTPUT_DIR of a run by hand) made into a one-job run
+    directory inside it (`<path>/wanbench-run/`, made afresh each time), with the network that is
+    up now (its plan, the congestion control in its nodes, the bytes its pairs carried since `up`)
+    when one is."""
+    folder = Path(path)
+    rank_files = sorted(folder.glob("rank*.jsonl")) if folder.is_dir() else []
+    if (folder / "scenario.json").is_file() or not rank_files:
+        return folder
+    import shutil
+
+    from emulator.backends import REGISTRY, read_state
+    from emulator.files import write_json_atomic
+    from emulator.measure.counters import pair_deltas, traffic_by_node
+    from emulator.plan import prefix
+
+    run_dir = folder / BY_HAND_RUN
+    shutil.rmtree(run_dir, ignore_errors=True)
+    state = read_state(prefix())
+    plan = state[1] if state is not None else None
+    network_key = plan.topology_name if plan is not None else "by-hand"
+    job_dir = run_dir / "jobs" / folder.name
+    job_dir.mkdir(parents=True)
+    for rank_file in rank_files:
+        shutil.copy2(rank_file, job_dir / rank_file.name)
+    record = {"job_id": folder.name, "status": "ok", "wall_s": _records_wall_s(rank_files),
+              "reason": "a script run by hand (wanbench exec): its exit was not watched",
+              "label": folder.name, "algorithm": "command", "seed": None,
+              "network": {"delay_scale": None, "rate": None}, "network_key": network_key,
+              "nodes": len(rank_files)}
+    if plan is not None:
+        (run_dir / network_key).mkdir()
+        (run_dir / network_key / "plan.json").write_text(plan.to_json())
+        record["node_stack"] = node_stack(plan)
+        record["backend"] = state[0].get("backend")
+        try:
+            after = REGISTRY[state[0]["backend"]](plan).counters(fresh=True) or []
+        except (OSError, RuntimeError, TypeError):
+            after = []
+        if after:
+            nodes = traffic_by_node([], after)
+            for name, traffic in nodes.items():
+                traffic["rank"] = plan.node(name).rank
+            write_json_atomic(job_dir / "wire.json", {"source": "backend counters since up", "nodes": nodes,
+                                                      "pairs": pair_deltas([], after)})
+    write_json_atomic(job_dir / "job.json", record)
+    write_json_atomic(run_dir / "scenario.json", {"name": folder.name, "source_file": None,
+                                                  "spec": {"stop": {}, "time_dilation": 1.0}, "jobs": []})
+    (run_dir / "COMPLETE").write_text("records of a script run by hand\n")
+    return run_dir

@@ -329,7 +329,10 @@ def cmd_report(args) -> int:
     from .report import default_out_dir, incomplete_message, write_report
     from .results import summary_table
 
-    outcome = write_report(args.run_dirs, Path(args.out) if args.out else default_out_dir(args.run_dirs))
+    from .byo import run_dir_of
+
+    run_dirs = [run_dir_of(path) for path in args.run_dirs]  # a folder of a script's records too
+    outcome = write_report(run_dirs, Path(args.out) if args.out else default_out_dir(run_dirs))
     out = stdout_console()
     combined = pd.read_csv(outcome.combined_csv)
     for run_name, rows in combined.groupby("run", sort=False):

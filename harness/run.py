@@ -241,7 +241,9 @@ def _run_points(scenario: Scenario, backend_cls, run_dir: Path, console, timeout
                                           stall_timeout_s=spec.stall_timeout_s and spec.stall_timeout_s * k,
                                           network=backend,
                                           faults=spec.faults, cpu_share=spec.cpu_share, stop=spec.stop)
-                final = last_records(job_dir / "eval.jsonl", kinds=("eval",)).get("eval") or {}
+                final = (last_records(job_dir / "eval.jsonl", kinds=("eval",)).get("eval")
+                         # a user's script writes its evals in-band (trainers/byo.py)
+                         or last_records(job_dir / "rank0.jsonl", kinds=("eval",)).get("eval") or {})
                 state["acc"] = final.get("accuracy", state["acc"])  # the evaluator may finish after the ranks
                 mark = "[green]ok[/]" if outcome.status == "ok" else f"[red]{outcome.status}[/] {outcome.reason}"
                 console.print(f"  {job.label} seed {job.seed}: {mark} in {outcome.wall_s:.1f}s, "
