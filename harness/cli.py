@@ -136,8 +136,12 @@ def cmd_exec(args) -> int:
     argv = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not argv:
         raise ConfigError("command", "give a command after the node name, e.g. -- ping tokyo-0", source="exec")
+    # a script's records folder (trainers/byo.py) must be the host's, not the node's private /tmp
+    output_dir = os.environ.get("WANBENCH_OUTPUT_DIR")
+    if output_dir:
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
     try:
-        inside = exec_argv(node, argv)  # joins the node's cgroups and namespaces, then runs argv
+        inside = exec_argv(node, argv, share=[output_dir] if output_dir else [])
     except RuntimeError as exc:
         raise SystemCheckError(f"{exc} (leftovers: 'wanbench clean')") from None
     # the user's PATH with our venv's bin/ first: `python`, `torchrun` in the node are the ones

@@ -249,7 +249,7 @@ def _run_points(scenario: Scenario, backend_cls, run_dir: Path, console, timeout
                 console.print(f"  {job.label} seed {job.seed}: {mark} in {outcome.wall_s:.1f}s, "
                               f"step {state['step']}, acc {state['acc']}")
                 for line in failure_lines(job_dir, outcome.status, outcome.reason):  # rank, log, error
-                    console.print(f"    {line}", markup=False, highlight=False)
+                    console.print(f"    {line}", markup=False, highlight=False, soft_wrap=True)
         finally:
             if backend is not None:
                 backend.down()
