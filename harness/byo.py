@@ -35,6 +35,8 @@ SYSCTL_TIMEOUT_S = 10.0
 # failing worker's and says less.
 ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*)?(Error|Exception|Interrupt|Exit)\b(:|$)")
 LAUNCHER_ERRORS = ("ChildFailedError",)
+# torch's "[rank1]: " and torchrun --tee's "[default0]:" in front of what a rank printed
+RANK_PREFIX = re.compile(r"^\[[^\]]*\]:\s*")
 RANK_EXIT = re.compile(r"rank (\d+) exited (-?\d+)")
 # How wide the report's table of one job's wire pairs gets.
 MAX_PAIR_ROWS = 12
@@ -88,7 +90,8 @@ def error_line(log: Path) -> str:
     """The line of a rank's log that says what went wrong: the last error a traceback ends with
     (not a launcher's summary of it), else the last line with text in it; "" for an empty log."""
     try:
-        lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+        lines = [RANK_PREFIX.sub("", line.strip()) for line in log.read_text(errors="replace").splitlines()]
+        lines = [line for line in lines if line]
     except OSError:
         return ""
     errors = [line for line in lines if ERROR_LINE.match(line) and not line.startswith(LAUNCHER_ERRORS)

@@ -107,7 +107,7 @@ def test_relative_cwd_and_mounts_start_at_the_scenario_folder(tmp_path):
 TRACEBACK = """\
 [rank2]: Traceback (most recent call last):
   File "train_ddp.py", line 70, in main
-RuntimeError: injected failure on rank 2 at step 2
+[rank2]: RuntimeError: injected failure on rank 2 at step 2
 E1125 torch/distributed/elastic/multiprocessing/api.py: failed (exitcode: 1)
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ============================================================
