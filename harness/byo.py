@@ -148,8 +148,14 @@ def node_stack(plan, names: Iterable[str] = STACK_SYSCTLS) -> dict:
     every node shares: {"sysctls": {key: value or "mixed"}, "nodes": {node: {key: value}}}."""
     from emulator.netns import exec_argv
 
+    import shutil
+
     names = list(names)
-    procs = {node.name: subprocess.Popen(exec_argv(node, ["sysctl", "-e", *names]), stdout=subprocess.PIPE,
+    # sbin is not on every user's PATH (a `sudo` keeps it, a plain shell may not)
+    sysctl = shutil.which("sysctl", path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"]))
+    if sysctl is None:
+        return {"sysctls": {}, "nodes": {}, "error": "no sysctl program (procps) on this machine"}
+    procs = {node.name: subprocess.Popen(exec_argv(node, [sysctl, "-e", *names]), stdout=subprocess.PIPE,
                                          stderr=subprocess.DEVNULL, text=True)
              for node in plan.nodes}
     nodes = {}
