@@ -1,6 +1,7 @@
 #!/bin/sh
 # The example by hand on aws-4region at DELAY_SCALE (default 1), once per TCP congestion control
 # (default: reno bbr), each set inside every node with sysctl; prints steps/s per congestion control.
+# BYO_ARGS: more arguments for train_ddp.py (e.g. "--hidden 4096": a 1.7 MB gradient per step).
 #   sudo examples/byo/compare_cc.sh [STEPS]     (from the repository root; WANBENCH_PREFIX respected)
 # Records and reports: $OUT/<cc>/wanbench-run/report/ (OUT default /var/tmp/wanbench-byo-cc).
 set -eu
@@ -19,7 +20,7 @@ for cc in ${CCS:-reno bbr}; do
   rank=0
   for node in $nodes; do
     WANBENCH_OUTPUT_DIR="$out/$cc" $wanbench exec "$node" -- torchrun --nnodes 4 --nproc-per-node 1 \
-      --node-rank $rank --master-addr london-0 --master-port 29400 train_ddp.py --steps "$steps" \
+      --node-rank $rank --master-addr london-0 --master-port 29400 train_ddp.py --steps "$steps" ${BYO_ARGS:-} \
       > "$out.$cc.rank$rank.log" 2>&1 &
     rank=$((rank + 1))
   done
