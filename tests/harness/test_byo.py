@@ -79,7 +79,9 @@ def test_a_missing_cwd_or_mount_is_exit_2_in_one_line_before_anything_is_built(t
 
     assert re.search(message, lines[0]), lines[0]
     assert not (tmp_path / "runs").exists()  # no run directory: nothing was started
-    assert not Path("/run/wanbench/wbd").exists()  # no network state: nothing was built
+    # nothing was built: no network state, no namespace of the prefix
+    assert not Path("/run/wanbench/wbd/state.json").exists()
+    assert not list(Path("/run/netns").glob("wbd-*")) if Path("/run/netns").is_dir() else True
 
 
 def test_cwd_without_a_command_is_refused(tmp_path):
