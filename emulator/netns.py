@@ -170,8 +170,9 @@ def exec_argv(node: Node, argv: list[str], share: Iterable[os.PathLike | str] = 
     mount namespaces (hosts file, private /tmp and /dev/shm) and its cgroups (`nodes.enter_argv`).
 
     The process it starts stands for `argv`: signals are passed on, its exit status is argv's, and
-    killing it kills argv. The working folder and the `share` folders (a job's output folder) are
-    visible inside the node even where they lie under the host's /tmp.
+    killing it kills argv. The working folder, the interpreter (its venv), the project, the
+    import path and the `share` folders (a job's output folder) are visible inside the node even
+    where they lie under the host's /tmp (emulator/visibility.py).
     """
     from . import nodes
 

@@ -6,8 +6,10 @@
 Joins the node's cgroups (memory, pids, cpu: what the holder is in), enters the namespaces of the
 node's holder (`node_init.py`, PID 1 of the node: network, UTS, IPC, PID, mount), keeps the working
 folder, forks CMD into the node's PID namespace and waits for it. The working folder and each
---share folder (a run directory) are mounted into the node where it does not see them already (under
-the host's /tmp: the node's /tmp is its own). This process stands for CMD:
+--share path (a run directory, the interpreter, the project: `visible_plan`) are mounted into the
+node where it does not see them already (under the host's /tmp: the node's /tmp is its own), and a
+symbolic link on the way to one (a clone's .venv linked to a shared venv) is made again inside the
+node where the node lacks it. This process stands for CMD:
   - a signal sent to it (SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGWINCH) is passed on,
     the ending ones followed by SIGCONT so that a stopped CMD acts on them (as systemd does); one
     sent by the terminal to the whole process group already reached CMD and is not sent twice;
@@ -87,12 +89,78 @@ def parse(argv: list[str]) -> tuple[int, str, list[str], list[str], list[str]]:
     return holder, namespace, groups, shared, command
 
 
-def _clone_if_hidden(holder: int, folder: str):
+MAX_LINKS = 40  # as the kernel's ELOOP limit on links followed in one path
+
+
+def resolve_links(path: str) -> tuple[str, list[tuple[str, str]]]:
+    """`path` (absolute) with every symbolic link on the way followed: (the real path, the links
+    met as (link path, its target as written)), in the order met. Raises OSError on a loop."""
+    links: list[tuple[str, str]] = []
+    pending = [part for part in os.path.normpath(path).split("/") if part]
+    current = "/"
+    while pending:
+        part = pending.pop(0)
+        candidate = os.path.join(current, part)
+        if os.path.islink(candidate):
+            if len(links) >= MAX_LINKS:
+                raise OSError(40, f"too many levels of symbolic links in {path}")
+            target = os.readlink(candidate)
+            links.append((candidate, target))
+            # the target replaces the link's component; a relative one starts at the link's folder
+            pending = [p for p in target.split("/") if p] + pending
+            current = "/" if os.path.isabs(target) else current
+        elif part == "..":
+            current = os.path.dirname(current)
+        elif part != ".":
+            current = candidate
+    return current, links
+
+
+def visible_plan(paths) -> tuple[list[str], list[tuple[str, str]]]:
+    """What makes each of `paths` (folders, absolute) visible in a node: the real folders to carry
+    in, and the symbolic links met on the way (to make again in the node where it lacks them).
+    Raises OSError naming the path when one does not exist or is not a folder."""
+    folders: list[str] = []
+    links: list[tuple[str, str]] = []
+    for path in paths:
+        real, met = resolve_links(os.path.abspath(path))
+        if not os.path.isdir(real):
+            raise OSError(2 if not os.path.exists(real) else 20,
+                          f"{path}: " + ("no such folder" if not os.path.exists(real) else "not a folder"))
+        folders.append(real)
+        links += [link for link in met if link not in links]
+    return list(dict.fromkeys(folders)), links
+
+
+def outermost(folders: list[str]) -> list[str]:
+    """`folders` without those that lie inside another of them (its clone carries them in)."""
+    ordered = sorted(set(folders), key=len)
+    kept: list[str] = []
+    for folder in ordered:
+        if not any(folder == k or folder.startswith(k.rstrip("/") + "/") for k in kept):
+            kept.append(folder)
+    return kept
+
+
+def _make_links(links: list[tuple[str, str]]) -> None:
+    """In the node: each link of the host that the node lacks (its folder is the node's own tmpfs)."""
+    for link, target in links:
+        if os.path.lexists(link):
+            continue
+        try:
+            os.makedirs(os.path.dirname(link), exist_ok=True)
+            os.symlink(target, link)
+        except OSError as exc:
+            _fail(f"cannot make the link {link} -> {target} in the node: {exc.strerror}")
+
+
+def _clone_if_hidden(holder: int, folder: str, probe: bool = False):
     """A detached copy of the host's `folder` (open_tree) if the node does not see that folder.
 
     The node's /tmp is its own; a run directory or working folder under the host's /tmp is brought
     in with open_tree(OPEN_TREE_CLONE) + move_mount, the one way to carry a mount across mount
-    namespaces (a bind mount from /proc/<pid>/root cannot). None when the node sees it already.
+    namespaces (a bind mount from /proc/<pid>/root cannot). None when the node sees it already;
+    `probe`: True instead of a copy when it does not.
     """
     host = os.stat(folder)
     try:
@@ -101,6 +169,8 @@ def _clone_if_hidden(holder: int, folder: str):
             return None
     except OSError:
         pass
+    if probe:
+        return True
     fd = _libc.syscall(SYS_OPEN_TREE, AT_FDCWD, folder.encode(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE)
     if fd < 0:
         _fail(f"cannot share {folder} with node: open_tree: {os.strerror(ctypes.get_errno())}")
@@ -136,14 +206,21 @@ def enter(holder: int, namespace: str, groups: list[str], shared: list[str] = ()
         cwd = os.getcwd()
     except OSError:
         cwd = "/"
-    folders = list(dict.fromkeys([os.path.realpath(f) for f in shared] + [cwd]))
-    clones = [(folder, _clone_if_hidden(holder, folder)) for folder in folders]
+    try:
+        folders, links = visible_plan([*shared, cwd])
+    except OSError as exc:
+        _fail(f"not visible in the node: {exc.strerror}")
+    # Carry in only what the node does not see, and of nested folders the outermost: its clone
+    # holds the rest (a folder the node sees, / say, never hides one under /tmp).
+    hidden = [folder for folder in folders if _clone_if_hidden(holder, folder, probe=True)]
+    clones = [(folder, _clone_if_hidden(holder, folder)) for folder in outermost(hidden)]
     for name, fd in fds:
         _setns(fd, name)
         os.close(fd)
     for folder, fd in clones:
         if fd is not None:
             _attach(fd, folder)
+    _make_links(links)
     try:
         os.chdir(cwd)
     except OSError:

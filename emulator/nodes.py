@@ -191,9 +191,11 @@ def holder_pids(prefix: str, node: Node) -> tuple[Optional[int], Optional[int]]:
 def enter_argv(node: Node, argv: list[str], share: Iterable[os.PathLike | str] = ()) -> list[str]:
     """The argument list that runs `argv` inside a running node (all its namespaces and cgroups).
 
-    The caller's working folder and the `share` folders (e.g. a job's output folder) are made
+    The caller's working folder, the interpreter, the project and the import path
+    (`visibility.default_folders`) and the `share` folders (e.g. a job's output folder) are made
     visible inside the node where they are not (the node's /tmp is its own).
     """
+    from .visibility import default_folders
     prefix = prefix_of(node)
     init, _ = holder_pids(prefix, node)
     if init is None:
@@ -203,8 +205,8 @@ def enter_argv(node: Node, argv: list[str], share: Iterable[os.PathLike | str] =
     head = [sys.executable, "-S", "-E", str(ENTER_SCRIPT), "--holder", str(init), "--namespace", node.namespace]
     for group in groups:
         head += ["--cgroup", str(group)]
-    for folder in share:
-        head += ["--share", str(folder)]
+    for folder in dict.fromkeys([*default_folders(), *(str(f) for f in share)]):
+        head += ["--share", folder]
     return [*head, "--", *argv]
 
 

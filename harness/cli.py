@@ -2,7 +2,8 @@
 
 Input files are validated before anything privileged happens; a bad file is one line on stderr
 naming the file and field, exit code 2. A system problem (not root, no TUN, no netem) is one line
-saying how to fix it, exit code 3.
+saying how to fix it, exit code 3. A run whose jobs did not all end ok exits 4 (its results and
+report are written; the console named each failed job's first failed rank, log and error line).
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ from emulator.netns import SystemCheckError, check_root, exec_argv
 from emulator.plan import Plan, make_plan, prefix
 from emulator.schema import ConfigError
 from emulator.units import UnitError, parse_rate_bit_s
+from emulator.visibility import path_with_venv_first
 
 from .console import Interrupted, stderr_console, stdout_console, teardown_on_signals
 from .inputs import topology_of
 
 EXIT_BAD_INPUT = 2
 EXIT_SYSTEM = 3
+EXIT_JOB_FAILED = 4
 
 
 def backend_for(name: str, plan: Plan):
@@ -133,10 +136,17 @@ def cmd_exec(args) -> int:
     argv = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not argv:
         raise ConfigError("command", "give a command after the node name, e.g. -- ping tokyo-0", source="exec")
+    # a script's records folder (trainers/byo.py) must be the host's, not the node's private /tmp
+    output_dir = os.environ.get("WANBENCH_OUTPUT_DIR")
+    if output_dir:
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
     try:
-        inside = exec_argv(node, argv)  # joins the node's cgroups and namespaces, then runs argv
+        inside = exec_argv(node, argv, share=[output_dir] if output_dir else [])
     except RuntimeError as exc:
         raise SystemCheckError(f"{exc} (leftovers: 'wanbench clean')") from None
+    # the user's PATH with our venv's bin/ first: `python`, `torchrun` in the node are the ones
+    # wanbench runs with (emulator/visibility.py carries that venv in, wherever it lives)
+    os.environ["PATH"] = path_with_venv_first(os.environ.get("PATH"))
     os.execvp(inside[0], inside)  # replaces this process: exit code and signals pass through
 
 
@@ -237,6 +247,12 @@ def cmd_run(args) -> int:
                       key=lambda f: (not f.name.startswith("progress-"), f.name))
     stderr_console().print(f"report: {outcome.markdown}; figures: {', '.join(str(f) for f in progress[:3])}"
                      + (" ..." if len(progress) > 3 else ""))
+    failed = completed.summary[completed.summary["status"] != "ok"]
+    if len(failed):
+        print(f"wanbench: {len(failed)} of {len(completed.summary)} jobs did not end ok: "
+              + ", ".join(f"{r['label']} seed {r['seed']} at {r['network']} ({r['status']})"
+                          for r in failed.to_dict("records")), file=sys.stderr)
+        return EXIT_JOB_FAILED
     return 0
 
 
@@ -317,7 +333,10 @@ def cmd_report(args) -> int:
     from .report import default_out_dir, incomplete_message, write_report
     from .results import summary_table
 
-    outcome = write_report(args.run_dirs, Path(args.out) if args.out else default_out_dir(args.run_dirs))
+    from .byo import run_dir_of
+
+    run_dirs = [run_dir_of(path) for path in args.run_dirs]  # a folder of a script's records too
+    outcome = write_report(run_dirs, Path(args.out) if args.out else default_out_dir(run_dirs))
     out = stdout_console()
     combined = pd.read_csv(outcome.combined_csv)
     for run_name, rows in combined.groupby("run", sort=False):

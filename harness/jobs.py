@@ -25,6 +25,7 @@ from emulator.netns import exec_argv, interface_of
 from emulator.plan import Plan
 from emulator.processes import stop as stop_processes
 
+from . import byo
 from .faults import FaultSchedule, LinkControl, NetworkAndNodes
 from .gpus import nccl_environment, place_job
 from .jobspec import CONFIG_FILE, JobSpec
@@ -240,7 +241,9 @@ class JobProcesses:
                 # one intra-op thread per node unless the user says otherwise: N nodes share the
                 # machine's cores, and torch's default (all cores each) oversubscribes them
                 "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(default_rank_threads(self.world))),
-                "PYTHONPATH": str(PROJECT_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+                "PYTHONPATH": str(PROJECT_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                # `python`, `torchrun` of a command: the venv's, as for a user who activated it
+                "PATH": byo.command_environment(os.environ)["PATH"]}
 
     def _argv(self) -> list[str]:
         if self.spec.command is not None:
@@ -252,9 +255,11 @@ class JobProcesses:
         self._logs.append(log)
         hook = cgroups.join_hook(self._groups[node.name]) if self._groups else None
         # start_new_session: a Ctrl-C in the terminal reaches us, and we end the ranks in order.
-        # share: the job folder is visible in the node even under the host's /tmp (the node's is its own)
-        self.procs[node.rank] = subprocess.Popen(exec_argv(node, self._argv(), share=[self.job_dir]),
+        # share: the job folder, the scenario's folder and mounts are visible in the node even under
+        # the host's /tmp (the node's is its own); cwd: a command's `cwd:` (node_enter keeps it)
+        self.procs[node.rank] = subprocess.Popen(exec_argv(node, self._argv(), share=[self.job_dir, *byo.shares_for(self.job)]),
                                                  env=self._environment(node, restarts),
+                                                 cwd=getattr(self.job, "cwd", None) if self.job.command is not None else None,
                                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                                  preexec_fn=hook)
 
@@ -427,6 +432,7 @@ def run_job(plan: Plan, spec: JobSpec, master_port: int, on_tick=None,
     evaluator = Evaluator(spec.job_dir, follow=decider.active) if spec.command is None else None
     outcome: Optional[JobOutcome] = None
     counters_before = _counters(network)
+    stack = byo.node_stack(plan)  # congestion control and TCP sysctls in force in the nodes, for job.json
     try:
         ranks.start()
         if evaluator is not None and evaluator.follow:
@@ -447,7 +453,7 @@ def run_job(plan: Plan, spec: JobSpec, master_port: int, on_tick=None,
             executor.restore(plan.region_links)  # the next job starts on the plan's links
         if outcome is not None:
             write_job_record(spec, outcome, stop_decision=decider.decision,
-                             gpus=[placement.record() for placement in ranks.gpus])
+                             gpus=[placement.record() for placement in ranks.gpus], node_stack=stack)
     return outcome
 
 

@@ -23,6 +23,7 @@ from emulator.schema import ConfigError
 
 from . import plots
 from .paths import REPORTS_ROOT
+from . import byo
 from .results import (BYTE_COLUMNS, FAULT_COLUMNS, HEADLINE_COLUMNS, METRICS, SUMMARY_COLUMNS,
                       format_bytes, injection_failed, load_run, summarize)
 
@@ -496,6 +497,8 @@ def write_report(run_dirs: Iterable, out_dir, loaded: Optional[dict] = None) -> 
                          f"**{row['status']}**, left out of the comparison figures")
         if len(bad):
             lines.append("")
+    for run in results.runs:
+        lines += byo.report_lines(run.path)  # wall time, congestion control and wire pairs per job
     if len(results.faults):
         lines += ["## Faults", "", FAULTS_INTRO, ""]
         for run in results.runs:

@@ -23,6 +23,8 @@ import pandas as pd
 from emulator.files import write_text_atomic
 from trainers.records import read_complete_records  # a crashed rank's torn line skipped, the rest kept
 
+from .byo import congestion_control, has_values
+
 SUMMARY_COLUMNS = [
     "network", "delay_scale", "rate", "nodes", "algorithm", "label", "seed", "status",
     "final_accuracy", "best_accuracy", "time_to_target_s", "output_sync_s", "accuracy_at_step_budget",
@@ -31,7 +33,8 @@ SUMMARY_COLUMNS = [
     "bytes_sent_per_node", "bytes_per_step_per_node", "wire_bytes_per_node", "wire_overhead",
     "comm_blocked_fraction", "mean_staleness", "workers", "servers", "server_bytes_sent_per_node",
     "server_wire_bytes_per_node", "transport", "tuned", "sweep_best", "compute_s_per_step",
-    "compute_comm_ratio", "time_dilation", "backend", "workload", "data_source",
+    "compute_comm_ratio", "time_dilation", "backend", "workload", "data_source", "wall_s",
+    "congestion_control",
 ]
 
 # The columns people read first: the terminal table and the report's markdown table (every column
@@ -77,6 +80,9 @@ METRICS = {
     "workload": "a short hash of the job's trainer settings other than its algorithm, seed and comm: "
                 "the ratios against sync take the sync job with the same workload (e.g. the same "
                 "min_compute_s) where the scenario has several (CSV).",
+    "wall_s": "the job's wall-clock seconds, start-up to the last rank's end (CSV).",
+    "congestion_control": "the TCP congestion control in force inside the job's nodes, read there "
+                          "before the job (job.json's node_stack has the other TCP sysctls; CSV).",
     "data_source": "what the job trained on, from its ranks' data records: a dataset's files, or the "
                    "generator and its seed (a cifar10 job that fell back to generated images says so; CSV).",
 }
@@ -219,7 +225,8 @@ def load_run(run_dir) -> RunFrames:
                      "reason": info.get("reason", ""), "wire": _wire_bytes_by_rank(job_dir),
                      "server_ranks": list((info.get("params") or {}).get("server_ranks") or []),
                      "base_label": info.get("base_label") or base["label"], "tuned": info.get("tuned") or {},
-                     "backend": info.get("backend") or run_backend})
+                     "backend": info.get("backend") or run_backend,
+                     "congestion_control": congestion_control(info)})
         clock = _JobClock(records={})
         for rank_file in sorted(job_dir.glob("rank*.jsonl")):
             records = read_complete_records(rank_file)
@@ -448,7 +455,8 @@ def summarize(frames: RunFrames, target_accuracy: Optional[float] = None) -> pd.
     median_blocked: list[Optional[float]] = []  # per row: median blocked time of a worker step
     for job in frames.jobs.to_dict("records"):
         row = {key: job.get(key) for key in ("network", "delay_scale", "rate", "nodes", "algorithm",
-                                                 "label", "seed", "status", "workload", "backend")}
+                                                 "label", "seed", "status", "workload", "backend",
+                                                 "wall_s", "congestion_control")}
         ev = frames.evals[frames.evals["job_id"] == job["job_id"]] if len(frames.evals) else frames.evals
         st = frames.steps[frames.steps["job_id"] == job["job_id"]] if len(frames.steps) else frames.steps
         replica_output.append(_mean_of_replicas(ev))
@@ -476,16 +484,17 @@ def summarize(frames: RunFrames, target_accuracy: Optional[float] = None) -> pd.
                 row["steps_per_s"] = row["steps"] / row["train_time_s"]
             # Sum of the per-step counts, not the last running total: a restarted rank's total
             # starts again from 0 in its new process.
-            row["bytes_sent_per_node"] = float(workers.groupby("rank")["bytes_sent"].sum().mean())
-            if servers:
+            if has_values(workers, "bytes_sent"):  # a user's script may not count its bytes
+                row["bytes_sent_per_node"] = float(workers.groupby("rank")["bytes_sent"].sum().mean())
+            if servers and has_values(st, "bytes_sent"):
                 served = st[st["rank"].isin(servers)]
                 row["server_bytes_sent_per_node"] = float(served.groupby("rank")["bytes_sent"].sum().mean())
-            if row.get("steps"):
+            if row.get("steps") and row.get("bytes_sent_per_node") is not None:
                 row["bytes_per_step_per_node"] = row["bytes_sent_per_node"] / row["steps"]
             if "compute_s" in workers and workers["compute_s"].notna().any():
                 row["compute_s_per_step"] = float(workers["compute_s"].dropna().median())
-            blocked = workers["comm_blocked_s"].dropna()
-            if len(blocked):
+            blocked = workers["comm_blocked_s"].dropna() if has_values(workers, "comm_blocked_s") else []
+            if len(blocked) and has_values(workers, "step_s"):
                 median_blocked[-1] = float(blocked.median())
                 row["comm_blocked_fraction"] = float(blocked.sum() / workers.loc[blocked.index, "step_s"].sum())
             if "staleness" in workers and workers["staleness"].notna().any():

@@ -33,6 +33,7 @@ from emulator.measure.verify import VerifyOptions, rate_warnings, verify
 from emulator.plan import make_plan
 
 from .auto_dilation import auto_time_dilation, measure_step_s
+from .byo import failure_lines
 from .environment import environment
 from .faults import compile_actions
 from .jobs import JobOutcome, last_records, run_job, run_sim_job
@@ -273,7 +274,9 @@ def _run_one_job(spec: JobSpec, plan, backend, port: int, console, stop) -> tupl
             outcome = run_sim_job(spec, tick)
         else:
             outcome = run_job(plan, spec, port, tick, network=backend)
-    final = last_records(spec.job_dir / "eval.jsonl", kinds=("eval",)).get("eval") or {}
+    final = (last_records(spec.job_dir / "eval.jsonl", kinds=("eval",)).get("eval")
+             # a user's script writes its evals in-band (trainers/byo.py)
+             or last_records(spec.job_dir / "rank0.jsonl", kinds=("eval",)).get("eval") or {})
     state["acc"] = final.get("accuracy", state["acc"])
     return outcome, state
 
@@ -282,3 +285,5 @@ def _print_job_line(console, spec: JobSpec, outcome: JobOutcome, state: dict) ->
     mark = "[green]ok[/]" if outcome.status == "ok" else f"[red]{outcome.status}[/] {outcome.reason}"
     console.print(f"  {spec.job.label} seed {spec.job.seed}: {mark} in {outcome.wall_s:.1f}s, "
                   f"step {state['step']}, acc {state['acc']}")
+    for line in failure_lines(spec.job_dir, outcome.status, outcome.reason):  # rank, log, error
+        console.print(f"    {line}", markup=False, highlight=False, soft_wrap=True)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .byo import check_command_paths, scenario_folder
 from .dilation import ComputeProfile, load_profile
 from .faults import FaultEvent, FaultProgram, read_trace
 from .inputs import topology_from_document
@@ -222,6 +223,10 @@ class ScenarioFile(BaseModel):
     stop: StopRule = StopRule()
     algorithms: list[AlgorithmEntry] = Field([], max_length=50)
     command: Optional[list[str]] = Field(None, min_length=1)
+    # command's working folder, and more folders every node must see (relative: from the scenario's
+    # folder; checked before anything is built: harness/byo.py)
+    cwd: Optional[str] = None
+    mounts: list[str] = Field([], max_length=50)
     seeds: list[int] = Field([0], min_length=1, max_length=MAX_SEEDS)
     sweep: SweepAxes = SweepAxes()
     verify: VerifySettings = VerifySettings()
@@ -311,6 +316,8 @@ class Job:
     command: Optional[list[str]] = None
     base_label: str = ""         # the algorithm entry's label, before sweep values were added
     tuned: dict = field(default_factory=dict)  # workload values of a tuning sweep (dotted key -> value)
+    cwd: Optional[str] = None    # the command's working folder (absolute)
+    mounts: list[str] = field(default_factory=list)  # folders the nodes must see: the scenario's, its mounts:
     # `trainer_config` resolved and checked by the trainers' loader, once, when the scenario was
     # loaded; its output_dir is the job's folder relative to the run directory (`folder`), which
     # the job spec places under the run's (None for a user's command).
@@ -578,6 +585,11 @@ def scenario_from_dict(data: dict, source: str) -> Scenario:
 
     _check_faults(source, spec, topology)
     faults = _fault_program(source, spec)
+    cwd, mounts = check_command_paths(spec.cwd, spec.mounts, source)
+    if cwd is not None and spec.command is None:
+        raise ConfigError("cwd", "is the working folder of command:, and there is no command: (the trainers "
+                          "need none)", source=source)
+    mounts = list(dict.fromkeys([scenario_folder(source), *mounts]))
     if spec.backend == SIM_BACKEND:
         check_sim(spec, source)
     if spec.time_dilation == AUTO_TIME_DILATION:
@@ -614,7 +626,7 @@ def scenario_from_dict(data: dict, source: str) -> Scenario:
                 for seed in spec.seeds:
                     job = Job(job_id=f"{base_point.key}-{variant_label}-seed{seed}", network=point,
                               algorithm=entry.name, label=variant_label, seed=seed, params=placed,
-                              command=spec.command, base_label=label, tuned=tuned)
+                              command=spec.command, base_label=label, tuned=tuned, cwd=cwd, mounts=mounts)
                     if spec.command is None:
                         job.trainer_config = _trainer_config(spec, entry.name, placed, seed, workload, profile)
                         job.trainer = _trainer(source, job.trainer_config, job.folder, origin)
