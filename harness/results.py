@@ -633,7 +633,8 @@ def summary_table(table: pd.DataFrame, title: str):
         out.add_column(column.replace("_", " "), justify="right")
 
     def fmt(value, column):
-        if value is None or (isinstance(value, float) and pd.isna(value)):
+        # "" too: a job that never wrote job.json has no network (a CSV read back says NaN)
+        if value is None or value == "" or (isinstance(value, float) and pd.isna(value)):
             return "-"
         if column in BYTE_COLUMNS:
             return format_bytes(value)
