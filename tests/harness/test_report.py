@@ -474,3 +474,56 @@ def test_every_duration_the_trainers_record_is_listed_as_dilated_or_not():
     for kind, frame in (("step", "steps"), ("eval", "evals")):
         unlisted = written[kind] - set(DILATED_COLUMNS[frame]) - set(UNDILATED_FIELDS)
         assert not unlisted, f"{kind} records' {sorted(unlisted)}: add to results.DILATED_COLUMNS or UNDILATED_FIELDS"
+
+
+def test_a_report_reads_each_file_of_a_run_once(tmp_path, monkeypatch):
+    """scenario.json, environment.json and every record file are read once per report, and a run
+    `wanbench run` has just loaded and summarized is neither read nor summarized again."""
+    import harness.report as report_module
+    import harness.rundir as rundir_module
+
+    run_dir = write_run(tmp_path / "runs", sync_and_dts())
+    reads: dict = {}
+    real_read_text, real_records = Path.read_text, rundir_module.read_complete_records
+
+    def read_text(self, *args, **kwargs):
+        reads[self.name] = reads.get(self.name, 0) + 1
+        return real_read_text(self, *args, **kwargs)
+
+    def records(path, *args, **kwargs):
+        key = f"{Path(path).parent.name}/{Path(path).name}"
+        reads[key] = reads.get(key, 0) + 1
+        return real_records(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    monkeypatch.setattr(rundir_module, "read_complete_records", records)
+    write_report([run_dir], tmp_path / "out")
+    assert reads["scenario.json"] == 1 and reads["environment.json"] == 1 and reads["job.json"] == 2
+    rank_files = {k: v for k, v in reads.items() if k.endswith(".jsonl")}
+    assert len(rank_files) == 2 * 4 and set(rank_files.values()) == {1}  # rank0, rank1, eval, faults per job
+
+    frames = load_run(run_dir)
+    summary = summarize(frames)
+    reads.clear()
+    summarized = []
+    monkeypatch.setattr(report_module, "summarize", lambda *a, **k: summarized.append(a) or summarize(*a, **k))
+    outcome = write_report([run_dir], tmp_path / "again", loaded={run_dir: frames}, summaries={run_dir: summary})
+    assert summarized == [] and reads == {"plan.json": 1}  # the only file the run itself did not need
+    assert list(outcome.results.summary["label"]) == list(summary["label"])
+
+
+def test_a_parameter_servers_network_is_compared_at_the_point_its_job_json_names(tmp_path):
+    """A parameter server's network is built in its own folder (delay1-ps1); its mean RTT and rate
+    join the summary at the network key job.json gives, as the other jobs' at that point do."""
+    run_dir = write_run(tmp_path, [FakeJob("sync", evals={9: 0.95}), FakeJob("async_ps", evals={9: 0.95}, nodes=3)])
+    job_dir = next((run_dir / "jobs").glob("*-async_ps-*"))
+    info = json.loads((job_dir / "job.json").read_text())
+    info["network"]["extra_servers"] = 1
+    info["params"] = {"server_ranks": [2]}
+    (job_dir / "job.json").write_text(json.dumps(info))
+    (run_dir / "delay1").rename(run_dir / "delay1-ps1")  # only the server's network was built
+    axes = network_axes(run_dir)
+    assert list(axes["network"]) == ["delay1"] and axes.loc[0, "mean_rtt_ms"] == pytest.approx(100.0)
+    summary = load_results([run_dir]).summary.set_index("label")
+    assert summary.loc["async_ps", "mean_rtt_ms"] == pytest.approx(100.0)
+    assert summary.loc["async_ps", "servers"] == 1 and summary.loc["async_ps", "workers"] == 2
