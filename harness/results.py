@@ -1,9 +1,12 @@
 """Results tables: per-rank JSONL records of a run directory -> pandas DataFrames -> summary.csv.
 
 `load_run(run_dir)` gives tidy frames (one row per step / eval record, with job columns, and one
-row per fault event: see `load_faults`); `summarize(load_run(run_dir))` gives one row per job with the
-comparison against `sync` at the same network point and seed. Pure functions of files: the plots
-and notebooks use the same frames.
+row per fault event: see `load_faults`), built from the run's files read once (`RunDir`,
+harness/rundir.py; the frames keep it as `RunFrames.run` for the report); `summarize(load_run(run_dir))`
+gives one row per job with the comparison against `sync` at the same network point, seed and
+workload (`sync_reference`, the one lookup of the sync job). Pure functions of files: the plots
+and notebooks use the same frames. On a dilated run the durations listed in DILATED_COLUMNS are
+divided by K on loading.
 
 Two clocks. `train_time_s` (steps, evals, and fault events for the figures) counts from the moment
 a rank began its first step. A fault event's `time_s` counts from the moment the harness started
