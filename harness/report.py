@@ -121,8 +121,8 @@ def _run_name(run_dir: Path) -> str:
     return f"{run_dir.parent.name}/{run_dir.name}"
 
 
-def _run_info(run: RunDir, name: str, frames: RunFrames) -> RunInfo:
-    return RunInfo(run.path, name, frames.complete, frames.target_accuracy, run.environment, run.interrupted,
+def _run_info(run: RunDir, path: Path, name: str, frames: RunFrames) -> RunInfo:
+    return RunInfo(path, name, frames.complete, frames.target_accuracy, run.environment, run.interrupted,
                    frames.budget_steps, frames.budget_time_s, frames.time_dilation, run.time_dilation_auto, run.sim)
 
 
@@ -141,14 +141,14 @@ def load_results(run_dirs: Iterable, loaded: Optional[dict] = None, summaries: O
         key = Path(path).resolve()
         frames = loaded.get(key)
         run = frames.run if frames is not None and frames.run is not None else open_run(path)
-        name = _run_name(run.path.resolve())
+        name = _run_name(key)
         if name in seen:  # the same run given twice, or two folders with equal names
             seen[name] += 1
             name = f"{name}#{seen[name]}"
         else:
             seen[name] = 1
         frames = frames or run_frames(run)
-        runs.append(_run_info(run, name, frames))
+        runs.append(_run_info(run, Path(path), name, frames))
         summary = summaries.get(key)
         summary = summarize(frames) if summary is None else summary
         axes = network_axes(run)
