@@ -16,7 +16,6 @@ helper a script imports to write records in the trainers' format.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -25,6 +24,7 @@ from typing import Iterable, Optional
 
 from emulator.schema import ConfigError
 from emulator.visibility import NotVisibleError, check_visible, path_with_venv_first
+from trainers.jsonl import read_complete_records
 
 # Read inside every node for job.json: what decides how TCP behaves on the emulated WAN.
 STACK_SYSCTLS = ("net.ipv4.tcp_congestion_control", "net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem",
@@ -195,24 +195,19 @@ def _bytes(value) -> str:
     return f"{value:.0f} B"
 
 
-def report_lines(run_dir: Path) -> list[str]:
-    """Markdown: per job, its wall time, the network stack in its nodes, and the bytes each pair
-    of nodes put on the emulated wire (the busiest first); [] when no job says any of it."""
+def report_lines(jobs) -> list[str]:
+    """Markdown: per job (a run's JobDir folders, harness/rundir.py), its wall time, the network
+    stack in its nodes, and the bytes each pair of nodes put on the emulated wire (the busiest
+    first); [] when no job says any of it."""
     lines = []
-    for job_dir in sorted((Path(run_dir) / "jobs").glob("*")):
-        try:
-            job = json.loads((job_dir / "job.json").read_text())
-        except (OSError, ValueError):
-            continue
+    for job_dir in jobs:
+        job = job_dir.info
         stack = (job.get("node_stack") or {}).get("sysctls") or {}
-        try:
-            pairs = json.loads((job_dir / "wire.json").read_text()).get("pairs") or []
-        except (OSError, ValueError):
-            pairs = []
+        pairs = job_dir.wire.get("pairs") or []
         if not stack and not pairs:
             continue
         wall = job.get("wall_s")
-        lines += [f"- `{job_dir.name}`: {job.get('status', '?')}"
+        lines += [f"- `{job_dir.job_id}`: {job.get('status', '?')}"
                   + (f", wall time {wall:.1f} s" if isinstance(wall, (int, float)) else "")
                   + (f"; in the nodes: " + ", ".join(f"{k.split('.')[-1]} {v}" for k, v in stack.items())
                      if stack else "")]
@@ -234,12 +229,8 @@ def _records_wall_s(rank_files: list[Path]) -> Optional[float]:
     """From the first writer's creation to the last record, over every rank file (wall clock)."""
     starts, ends = [], []
     for path in rank_files:
-        for line in path.read_text(errors="replace").splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and record.get("time_unix") is not None:
+        for record in read_complete_records(path):
+            if record.get("time_unix") is not None:
                 ends.append(record["time_unix"])
                 if record.get("time_s") is not None:
                     starts.append(record["time_unix"] - record["time_s"])

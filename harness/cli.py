@@ -241,7 +241,8 @@ def cmd_run(args) -> int:
     stdout_console().print(summary_table(completed.summary, f"{scenario.name}: {run_dir}"))
     from .report import write_report
 
-    outcome = write_report([run_dir], run_dir / "report", loaded={run_dir: completed.frames})
+    outcome = write_report([run_dir], run_dir / "report", loaded={run_dir: completed.frames},
+                           summaries={run_dir: completed.summary})
     # the training-progress figure first: for a single run it is the one to look at
     progress = sorted((f for f in outcome.figures if f.suffix == ".png"),
                       key=lambda f: (not f.name.startswith("progress-"), f.name))
@@ -328,8 +329,6 @@ def cmd_clean(args) -> int:
 
 
 def cmd_report(args) -> int:
-    import pandas as pd
-
     from .report import default_out_dir, incomplete_message, write_report
     from .results import summary_table
 
@@ -338,8 +337,7 @@ def cmd_report(args) -> int:
     run_dirs = [run_dir_of(path) for path in args.run_dirs]  # a folder of a script's records too
     outcome = write_report(run_dirs, Path(args.out) if args.out else default_out_dir(run_dirs))
     out = stdout_console()
-    combined = pd.read_csv(outcome.combined_csv)
-    for run_name, rows in combined.groupby("run", sort=False):
+    for run_name, rows in outcome.results.summary.groupby("run", sort=False):
         out.print(summary_table(rows, run_name))
     console = stderr_console()
     for run in outcome.incomplete:

@@ -29,6 +29,7 @@ from . import byo
 from .faults import FaultSchedule, LinkControl, NetworkAndNodes
 from .gpus import nccl_environment, place_job
 from .jobspec import CONFIG_FILE, JobSpec
+from trainers import jsonl
 from trainers.records import RecordTail
 from trainers.stop import stop_step_from_records, write_stop
 
@@ -366,45 +367,17 @@ class StopDecider:
 
 
 def last_records(path: Path, kinds=("step", "eval")) -> dict:
-    """The latest record of each kind in a JSONL file (read from its tail)."""
-    found: dict = {}
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            handle.seek(max(0, size - 16384))
-            lines = handle.read().splitlines()
-    except OSError:
-        return found
-    for line in reversed(lines):
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        kind = record.get("kind")
-        if kind in kinds and kind not in found:
-            found[kind] = record
-        if len(found) == len(kinds):
-            break
-    return found
+    """The latest record of each kind in a JSONL file (read from its end: trainers.jsonl)."""
+    return jsonl.last_records(path, kinds)
 
 
 def _progress_marks(job_dir: Path, world: int) -> list[int]:
     """Size of each rank's record file: it grows with every step a rank takes."""
-    marks = []
-    for rank in range(world):
-        try:
-            marks.append((job_dir / f"rank{rank}.jsonl").stat().st_size)
-        except OSError:
-            marks.append(0)
-    return marks
+    return [jsonl.written_bytes(job_dir / f"rank{rank}.jsonl") for rank in range(world)]
 
 
 def _has_step(path: Path) -> bool:
-    try:
-        return b'"kind": "step"' in path.read_bytes()
-    except OSError:
-        return False
+    return jsonl.first_record(path, "step") is not None
 
 
 def run_job(plan: Plan, spec: JobSpec, master_port: int, on_tick=None,

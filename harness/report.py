@@ -1,8 +1,9 @@
 """`wanbench report RUN_DIR...`: summary tables as CSV and markdown, figures as PNG and SVG.
 
 Reads run directories (see harness/run.py for the layout) with the same functions as the
-notebooks: `load_results` gives the combined frames, `harness.plots` draws them, and
-`write_report` is the only place that writes files. A run without its `COMPLETE` file is flagged
+notebooks: `load_results` gives the combined frames (each run read once: harness/rundir.py's
+`RunDir`), `harness.plots` draws them, and `write_report` is the only place that writes files
+(`write_csvs`, `write_figures`, `report_markdown`). A run without its `COMPLETE` file is flagged
 in every output and left out of the comparison figures (its curves are drawn, titled INCOMPLETE).
 Fault events (`harness.results.load_faults`) get their own section, `faults.csv`, and dashed
 marks on the training curves.
@@ -11,7 +12,6 @@ marks on the training curves.
 from __future__ import annotations
 
 import datetime
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,8 +24,9 @@ from emulator.schema import ConfigError
 from . import plots
 from .paths import REPORTS_ROOT
 from . import byo
-from .results import (BYTE_COLUMNS, FAULT_COLUMNS, HEADLINE_COLUMNS, METRICS, SUMMARY_COLUMNS,
-                      format_bytes, injection_failed, load_run, summarize)
+from .results import (BYTE_COLUMNS, FAULT_COLUMNS, HEADLINE_COLUMNS, METRICS, SUMMARY_COLUMNS, RunFrames,
+                      format_bytes, injection_failed, run_frames, summarize)
+from .rundir import RunDir
 
 # Per run, at most this many loss/accuracy figures (one per network point); the rest are listed.
 MAX_PROGRESS_FIGURES_PER_RUN = 12
@@ -49,6 +50,7 @@ class RunInfo:
     time_dilation: float = 1.0
     time_dilation_auto: Optional[dict] = None  # how time_dilation: auto chose K (scenario.json)
     sim: Optional[dict] = None  # backend sim: the compute model and NIC (scenario.json's `sim`)
+    jobs: list = field(default_factory=list)  # the run's job folders (harness/rundir.py JobDir), read once
 
 
 @dataclass
@@ -72,21 +74,22 @@ class Results:
         return self.summary[self.summary["run_complete"] & (self.summary["status"] == "ok")]
 
 
-def check_run_dir(path) -> Path:
-    """`path` as a run directory, or ConfigError naming it (the CLI prints one line, exit 2)."""
+def open_run(path) -> RunDir:
+    """`path` as a run directory with its scenario.json read, or ConfigError naming it (the CLI
+    prints one line, exit 2)."""
     run_dir = Path(path)
     if not run_dir.exists():
         raise ConfigError("", "no such run directory", source=str(path))
     if not run_dir.is_dir():
         raise ConfigError("", "not a run directory (a file); give results/runs/<scenario>/<run-id>", source=str(path))
-    if not (run_dir / "scenario.json").is_file():
-        raise ConfigError("", "not a run directory (no scenario.json); "
-                                         "give results/runs/<scenario>/<run-id>", source=str(path))
-    try:
-        json.loads((run_dir / "scenario.json").read_text())
-    except ValueError as exc:
-        raise ConfigError("scenario.json", f"not valid JSON ({exc})", source=str(path)) from None
-    return run_dir
+    run = RunDir(run_dir)
+    run.scenario  # noqa: B018 - read (once) now: a missing or bad scenario.json is the caller's error
+    return run
+
+
+def check_run_dir(path) -> Path:
+    """`path` as a run directory, or ConfigError naming it (the CLI prints one line, exit 2)."""
+    return open_run(path).path
 
 
 def find_run_dirs(path) -> list[Path]:
@@ -99,19 +102,18 @@ def find_run_dirs(path) -> list[Path]:
 
 def network_axes(run_dir) -> pd.DataFrame:
     """Per network point of a run: mean inter-region RTT (ms) and mean inter-region rate (bit/s),
-    from the plan saved with it (so a topology's own, unswept rate still has a number)."""
+    from the plan saved with it (so a topology's own, unswept rate still has a number).
+    `run_dir`: a path or a RunDir."""
+    run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
     rows = []
-    for plan_path in sorted(Path(run_dir).glob("*/plan.json")):
-        try:
-            links = json.loads(plan_path.read_text()).get("region_links", [])
-        except ValueError:
-            continue
+    for folder, plan in run.plans.items():
+        links = plan.get("region_links", [])
         one_way = {(l["src"], l["dst"]): l for l in links if l.get("src") != l.get("dst")}
         rtts = [spec["one_way_delay_ms"] + one_way[(dst, src)]["one_way_delay_ms"]
                 for (src, dst), spec in one_way.items() if (dst, src) in one_way]
         rates = [spec["rate_bit_s"] for spec in one_way.values() if spec.get("rate_bit_s")]
         # a parameter server's extra node ("-ps1") is built apart but compared at the same point
-        rows.append({"network": re.sub(r"-ps\d+$", "", plan_path.parent.name),
+        rows.append({"network": run.network_key_of_folder(folder),
                      "mean_rtt_ms": sum(rtts) / len(rtts) if rtts else None,
                      "rate_bit_s": sum(rates) / len(rates) if rates else None})
     return pd.DataFrame(rows, columns=["network", "mean_rtt_ms", "rate_bit_s"]).drop_duplicates("network")
@@ -121,44 +123,42 @@ def _run_name(run_dir: Path) -> str:
     return f"{run_dir.parent.name}/{run_dir.name}"
 
 
-def load_results(run_dirs: Iterable, loaded: Optional[dict] = None) -> Results:
+def _run_info(run: RunDir, path: Path, name: str, frames: RunFrames) -> RunInfo:
+    return RunInfo(path, name, frames.complete, frames.target_accuracy, run.environment, run.interrupted,
+                   frames.budget_steps, frames.budget_time_s, frames.time_dilation, run.time_dilation_auto, run.sim,
+                   run.jobs)
+
+
+def load_results(run_dirs: Iterable, loaded: Optional[dict] = None, summaries: Optional[dict] = None) -> Results:
     """Load and summarize every run directory (ConfigError for one that is not a run directory).
 
-    `loaded` maps a run directory to its already loaded `RunFrames` (`wanbench run` has just read
-    them), so that its records are not read again.
+    `loaded` maps a run directory to its already loaded `RunFrames` and `summaries` to its summary
+    (`wanbench run` has just read and summarized it), so that its files are not read again nor
+    its summary computed twice.
     """
     loaded = {Path(k).resolve(): v for k, v in (loaded or {}).items()}
-    runs, summaries, steps, evals, faults = [], [], [], [], []
+    summaries = {Path(k).resolve(): v for k, v in (summaries or {}).items()}
+    runs, tables, steps, evals, faults = [], [], [], [], []
     seen: dict = {}
     for path in run_dirs:
-        run_dir = check_run_dir(path)
-        name = _run_name(run_dir.resolve())
+        key = Path(path).resolve()
+        frames = loaded.get(key)
+        run = frames.run if frames is not None and frames.run is not None else open_run(path)
+        name = _run_name(key)
         if name in seen:  # the same run given twice, or two folders with equal names
             seen[name] += 1
             name = f"{name}#{seen[name]}"
         else:
             seen[name] = 1
-        frames = loaded.get(run_dir.resolve()) or load_run(run_dir)
-        environment_path = run_dir / "environment.json"
-        try:
-            environment = json.loads(environment_path.read_text()) if environment_path.is_file() else {}
-        except ValueError:
-            environment = {}
-        interrupted = ""
-        if (run_dir / "INTERRUPTED").is_file():
-            interrupted = (run_dir / "INTERRUPTED").read_text(errors="replace").strip().splitlines()[:1]
-            interrupted = interrupted[0] if interrupted else "no reason recorded"
-        record = json.loads((run_dir / "scenario.json").read_text())
-        auto, sim = record.get("time_dilation_auto"), record.get("sim")
-        runs.append(RunInfo(run_dir, name, frames.complete, frames.target_accuracy, environment, interrupted,
-                            frames.budget_steps, frames.budget_time_s, frames.time_dilation,
-                            auto if isinstance(auto, dict) else None, sim if isinstance(sim, dict) else None))
-        summary = summarize(frames)
-        axes = network_axes(run_dir)
+        frames = frames or run_frames(run)
+        runs.append(_run_info(run, Path(path), name, frames))
+        summary = summaries.get(key)
+        summary = summarize(frames) if summary is None else summary
+        axes = network_axes(run)
         summary = summary.merge(axes, on="network", how="left") if len(axes) else \
             summary.assign(mean_rtt_ms=None, rate_bit_s=None)
         extra = {"run": name, "run_complete": frames.complete}
-        summaries.append(summary.assign(**extra))
+        tables.append(summary.assign(**extra))
         if len(frames.steps):
             steps.append(frames.steps.assign(**extra))
         if len(frames.evals):
@@ -166,7 +166,7 @@ def load_results(run_dirs: Iterable, loaded: Optional[dict] = None) -> Results:
         if len(frames.faults):
             faults.append(frames.faults.assign(**extra))
     columns = ["run", "run_complete", *SUMMARY_COLUMNS, "mean_rtt_ms", "rate_bit_s"]
-    summary = pd.concat(summaries, ignore_index=True) if summaries else pd.DataFrame(columns=columns)
+    summary = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=columns)
     summary = summary[columns]
     faults = pd.concat(faults, ignore_index=True)[FAULT_CSV_COLUMNS] if faults else \
         pd.DataFrame(columns=FAULT_CSV_COLUMNS)
@@ -305,6 +305,7 @@ class ReportOutcome:
     skipped_figures: dict        # figure name -> why it was not drawn
     faults_csv: Optional[Path] = None                    # every run's fault events (header only if none)
     run_faults_csvs: list[Path] = field(default_factory=list)
+    results: Optional[Results] = None                    # what was reported (the tables written)
 
 
 def _comparison_figures(results: Results) -> tuple[dict, dict]:
@@ -431,14 +432,25 @@ def _environment_lines(run: RunInfo) -> str:
     return ", ".join(parts)
 
 
-def write_report(run_dirs: Iterable, out_dir, loaded: Optional[dict] = None) -> ReportOutcome:
-    """Write report.md, summary.csv and faults.csv (combined and per run) and every figure
-    (PNG + SVG) to out_dir. `loaded`: run directory -> RunFrames already read (see load_results)."""
-    results = load_results(run_dirs, loaded)
-    out = Path(out_dir)
-    figures_dir = out / "figures"
-    figures_dir.mkdir(parents=True, exist_ok=True)
+@dataclass
+class ReportCsvs:
+    combined: Path               # summary.csv of every run
+    faults: Path                 # faults.csv of every run (header only if none)
+    runs: list[Path]             # runs/<run>/summary.csv
+    run_faults: list[Path]       # runs/<run>/faults.csv
 
+
+@dataclass
+class ReportFigures:
+    written: list[Path]                      # every PNG and SVG
+    comparison: dict                         # name -> (title, PNG path)
+    skipped: dict                            # name -> why it was not drawn
+    progress: list                           # [(run, title, PNG path)]
+    notes: list[str]                         # what was capped
+
+
+def write_csvs(results: Results, out: Path) -> ReportCsvs:
+    """summary.csv and faults.csv of every run under `out`, and each run's own under runs/<run>/."""
     combined_csv = out / "summary.csv"
     results.summary.to_csv(combined_csv, index=False)
     faults_csv = out / "faults.csv"
@@ -453,7 +465,12 @@ def write_report(run_dirs: Iterable, out_dir, loaded: Optional[dict] = None) -> 
         path = run_out / "faults.csv"
         results.faults[results.faults["run"] == run.name].to_csv(path, index=False)
         run_faults_csvs.append(path)
+    return ReportCsvs(combined_csv, faults_csv, run_csvs, run_faults_csvs)
 
+
+def write_figures(results: Results, figures_dir: Path) -> ReportFigures:
+    """Every comparison figure the runs have data for and each run's training curves, as PNG and
+    SVG in `figures_dir`."""
     written: list[Path] = []
     comparison, skipped = _comparison_figures(results)
     comparison_files = {}
@@ -467,7 +484,11 @@ def write_report(run_dirs: Iterable, out_dir, loaded: Optional[dict] = None) -> 
         paths = _save(figure, figures_dir / f"progress-{_safe(run.name)}-{_safe(network or 'unknown')}")
         written += paths
         progress_files.append((run, title, paths[0]))
+    return ReportFigures(written, comparison_files, skipped, progress_files, progress_notes)
 
+
+def report_markdown(results: Results, figures: ReportFigures, out: Path) -> str:
+    """report.md's text: the runs, the summary tables, the faults, the figures (linked relative to `out`)."""
     lines = ["# wanbench report", "",
              f"Generated {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')} "
              f"from {len(results.runs)} run(s).", ""]
@@ -498,7 +519,7 @@ def write_report(run_dirs: Iterable, out_dir, loaded: Optional[dict] = None) -> 
         if len(bad):
             lines.append("")
     for run in results.runs:
-        lines += byo.report_lines(run.path)  # wall time, congestion control and wire pairs per job
+        lines += byo.report_lines(run.jobs)  # wall time, congestion control and wire pairs per job
     if len(results.faults):
         lines += ["## Faults", "", FAULTS_INTRO, ""]
         for run in results.runs:
@@ -508,27 +529,41 @@ def write_report(run_dirs: Iterable, out_dir, loaded: Optional[dict] = None) -> 
     lines += ["## Comparison figures", ""]
     if results.incomplete:
         lines += ["Drawn from complete runs only.", ""]
-    for name, (title, png) in comparison_files.items():
+    for name, (title, png) in figures.comparison.items():
         lines += [f"### {title}", "", f"![{title}]({png.relative_to(out).as_posix()})", "",
                   f"SVG: [{name}.svg](figures/{name}.svg)", ""]
-    for name, why in skipped.items():
+    for name, why in figures.skipped.items():
         lines.append(f"- `{name}` not drawn: {why}")
-    if skipped:
+    if figures.skipped:
         lines.append("")
     lines += ["## Training curves", ""]
     if (results.faults["source"] == "fault").any():
         lines += ["Dashed vertical lines mark fault events in the colour of the job they hit (red: an "
                   "injection that failed); the Faults section lists them.", ""]
-    for note in progress_notes:
+    for note in figures.notes:
         lines += [f"- {note}", ""]
-    for run, title, png in progress_files:
+    for run, title, png in figures.progress:
         lines += [f"### {title}", "", f"![{title}]({png.relative_to(out).as_posix()})", ""]
-    if not progress_files:
+    if not figures.progress:
         lines += ["No step or eval records in any run.", ""]
+    return "\n".join(lines)
+
+
+def write_report(run_dirs: Iterable, out_dir, loaded: Optional[dict] = None,
+                 summaries: Optional[dict] = None) -> ReportOutcome:
+    """Write report.md, summary.csv and faults.csv (combined and per run) and every figure
+    (PNG + SVG) to out_dir. `loaded`: run directory -> RunFrames already read, `summaries`: run
+    directory -> its summary already computed (see load_results)."""
+    results = load_results(run_dirs, loaded, summaries)
+    out = Path(out_dir)
+    figures_dir = out / "figures"
+    figures_dir.mkdir(parents=True, exist_ok=True)
+    csvs = write_csvs(results, out)
+    figures = write_figures(results, figures_dir)
     markdown = out / "report.md"
-    markdown.write_text("\n".join(lines))
-    return ReportOutcome(out, markdown, combined_csv, run_csvs, written, results.incomplete, skipped,
-                         faults_csv, run_faults_csvs)
+    markdown.write_text(report_markdown(results, figures, out))
+    return ReportOutcome(out, markdown, csvs.combined, csvs.runs, figures.written, results.incomplete,
+                         figures.skipped, csvs.faults, csvs.run_faults, results)
 
 
 def default_out_dir(run_dirs: list) -> Path:

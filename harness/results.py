@@ -1,9 +1,12 @@
 """Results tables: per-rank JSONL records of a run directory -> pandas DataFrames -> summary.csv.
 
 `load_run(run_dir)` gives tidy frames (one row per step / eval record, with job columns, and one
-row per fault event: see `load_faults`); `summarize(load_run(run_dir))` gives one row per job with the
-comparison against `sync` at the same network point and seed. Pure functions of files: the plots
-and notebooks use the same frames.
+row per fault event: see `load_faults`), built from the run's files read once (`RunDir`,
+harness/rundir.py; the frames keep it as `RunFrames.run` for the report); `summarize(load_run(run_dir))`
+gives one row per job with the comparison against `sync` at the same network point, seed and
+workload (`sync_reference`, the one lookup of the sync job). Pure functions of files: the plots
+and notebooks use the same frames. On a dilated run the durations listed in DILATED_COLUMNS are
+divided by K on loading.
 
 Two clocks. `train_time_s` (steps, evals, and fault events for the figures) counts from the moment
 a rank began its first step. A fault event's `time_s` counts from the moment the harness started
@@ -21,7 +24,8 @@ from typing import Optional
 import pandas as pd
 
 from emulator.files import write_text_atomic
-from trainers.records import read_complete_records  # a crashed rank's torn line skipped, the rest kept
+
+from .rundir import JobDir, RunDir
 
 from .byo import congestion_control, has_values
 
@@ -99,22 +103,6 @@ def workload_key(config: Optional[dict]) -> str:
     return hashlib.sha1(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:10]
 
 
-def _read_json(path: Path) -> dict:
-    """A JSON object file, or {} when it is missing or unreadable."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _read_config(job_dir: Path) -> Optional[dict]:
-    try:
-        return json.loads((job_dir / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def format_bytes(value: float) -> str:
     """3 significant digits and a decimal unit: 4.81 MB."""
     for factor, unit in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
@@ -143,6 +131,7 @@ class RunFrames:
     budget_steps: Optional[int] = None      # accuracy_at_step_budget is read at this step
     budget_time_s: Optional[float] = None   # accuracy_at_time_budget at this much training time
     time_dilation: float = 1.0              # the records' times were divided by this (see load_run)
+    run: Optional[RunDir] = field(default=None, repr=False)  # the files they were read from
 
 
 def _writer_offsets(records: list[dict]) -> list[float]:
@@ -191,109 +180,132 @@ class _JobClock:
     rank0_steps: Optional[pd.DataFrame] = None     # rank 0's step and train_time_s
 
 
-def emulated_seconds(frame: pd.DataFrame, k: float) -> pd.DataFrame:
-    """`frame` with every duration column (a name ending in `_s`, or `_s_min`) divided by `k`: the
-    records of a network dilated by K are in wall-clock seconds, the run's figures in emulated ones."""
+# Time dilation backed out: the record fields (and the columns load_run derives from them) that are
+# durations on the dilated clock, divided by K on loading. Listed, not guessed from a name: a new
+# duration is converted only once someone says it runs on the dilated clock (tests/harness/
+# test_report.py checks that every `_s` field the trainers write is in one of these two lists).
+DILATED_COLUMNS = {
+    "steps": ("time_s", "train_time_s", "step_s", "compute_s", "compute_unpadded_s", "comm_blocked_s"),
+    "evals": ("time_s", "time_s_min", "train_time_s", "train_time_s_min", "eval_s"),
+    "faults": ("time_s", "train_time_s", "due_s"),
+}
+# `_s` fields of the records that are not converted: the jobs' wall_s stays wall clock (it says
+# how long the job took here), the status record's snapshot_s_total and the snapshot record's
+# snapshot_s are not in the frames (their kinds are not steps or evals).
+UNDILATED_FIELDS = ("wall_s", "snapshot_s", "snapshot_s_total", "applied_s")
+
+
+def emulated_seconds(frame: pd.DataFrame, k: float, columns=None) -> pd.DataFrame:
+    """`frame` with its duration columns (`columns`, default every column of DILATED_COLUMNS)
+    divided by `k`: the records of a network dilated by K are in wall-clock seconds, the run's
+    figures in emulated ones. Other columns, whatever their name, are left as they are."""
     if k == 1.0 or not len(frame):
         return frame
-    columns = [c for c in frame.columns if isinstance(c, str) and (c.endswith("_s") or c.endswith("_s_min"))]
-    return frame.assign(**{c: pd.to_numeric(frame[c], errors="coerce") / k for c in columns})
+    listed = columns if columns is not None else {c for names in DILATED_COLUMNS.values() for c in names}
+    present = [c for c in frame.columns if c in listed]
+    return frame.assign(**{c: pd.to_numeric(frame[c], errors="coerce") / k for c in present})
+
+
+@dataclass
+class _JobRows:
+    """What one job adds to the run's frames (see _load_job)."""
+
+    job: dict                    # its row of RunFrames.jobs
+    steps: list[dict]
+    evals: list[dict]
+    faults: list[dict]
 
 
 def load_run(run_dir) -> RunFrames:
     """Read every job of a run directory into DataFrames. On a dilated run (scenario.json's
     time_dilation K) every duration of the steps, evals and faults is in emulated seconds (wall
-    clock / K); the jobs' wall_s stays wall clock."""
-    run_dir = Path(run_dir)
-    scenario = json.loads((run_dir / "scenario.json").read_text())
-    k = float(scenario.get("spec", {}).get("time_dilation") or 1.0)
-    run_backend = _read_json(run_dir / "environment.json").get("backend")  # jobs before job.json said it
-    stop = scenario.get("spec", {}).get("stop") or {}
-    target = stop.get("target_accuracy")
+    clock / K; DILATED_COLUMNS); the jobs' wall_s stays wall clock. `run_dir`: a path or a RunDir."""
+    return run_frames(run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir))
+
+
+def run_frames(run: RunDir) -> RunFrames:
+    """The frames of a run directory read once (`RunDir`); see load_run."""
+    k = run.time_dilation
+    run_backend = run.environment.get("backend")  # jobs before job.json said it
+    stop = run.stop
     jobs, steps, evals, faults = [], [], [], []
-    for job_dir in sorted((run_dir / "jobs").glob("*")) if (run_dir / "jobs").is_dir() else []:
-        info_path = job_dir / "job.json"
-        info = json.loads(info_path.read_text()) if info_path.exists() else {"status": "incomplete"}
-        network = info.get("network", {})
-        base = {"job_id": job_dir.name, "label": info.get("label", job_dir.name),
-                "algorithm": info.get("algorithm"), "seed": info.get("seed"),
-                "delay_scale": network.get("delay_scale"), "rate": network.get("rate"),
-                "nodes": info.get("nodes")}
-        base["network"] = info.get("network_key", "")
-        base["workload"] = workload_key(_read_config(job_dir))
-        jobs.append({**base, "status": info.get("status"), "wall_s": info.get("wall_s"),
-                     "reason": info.get("reason", ""), "wire": _wire_bytes_by_rank(job_dir),
-                     "server_ranks": list((info.get("params") or {}).get("server_ranks") or []),
-                     "base_label": info.get("base_label") or base["label"], "tuned": info.get("tuned") or {},
-                     "backend": info.get("backend") or run_backend,
-                     "congestion_control": congestion_control(info)})
-        clock = _JobClock(records={})
-        for rank_file in sorted(job_dir.glob("rank*.jsonl")):
-            records = read_complete_records(rank_file)
-            offsets = _writer_offsets(records)
-            start = _train_start_s(records, offsets)
-            origin = _writer_origin_unix(records)
-            rank_rows = []
-            for record, offset in zip(records, offsets):
-                kind = record.get("kind")
-                # Evaluation stays in: it is the same protocol for every algorithm, and its
-                # communication (averaging a deployable model) overlaps the algorithm's own, so
-                # subtracting it would credit an algorithm with the evaluation's network time.
-                # Other kinds (start, status, membership, rejoin, ...) are not steps or evals.
-                row = {**base, **record, "train_time_s": record.get("time_s", 0.0) + offset - start}
-                if kind == "step":
-                    steps.append(row)
-                    rank_rows.append(row)
-                elif kind == "eval":
-                    evals.append(row)
-            rank = records[0].get("rank") if records else None
-            clock.records[rank] = records
-            # the all-reduce the job used, from the ranks' start records ("gloo", "ours:auto", ...)
-            transports = {r["transport"] for r in records if r.get("kind") == "start" and r.get("transport")}
-            if transports:
-                known = jobs[-1].get("transport")
-                jobs[-1]["transport"] = "/".join(sorted(transports | ({known} if known else set())))
-            # the data it trained on, from the ranks' data records (one source, unless ranks disagree)
-            sources = {r["source"] for r in records if r.get("kind") == "data" and r.get("source")}
-            if sources:
-                known = jobs[-1].get("data_source")
-                jobs[-1]["data_source"] = " / ".join(sorted(sources | ({known} if known else set())))
-            if origin is not None:
-                earliest = clock.writers_start_unix
-                clock.writers_start_unix = origin if earliest is None else min(origin, earliest)
-                if rank == 0:
-                    clock.rank0_train_zero_unix = origin + start
-                    clock.rank0_steps = pd.DataFrame(rank_rows, columns=["step", "train_time_s"])
-        # Evaluations of the output model: the evaluator's eval.jsonl (off the wire and off the
-        # training clock; its train_time_s is the ranks' training clock), or, in runs made before
-        # it, rank 0's in-band eval records read above.
-        offwire = read_complete_records(job_dir / "eval.jsonl") if (job_dir / "eval.jsonl").exists() else []
-        if offwire:
-            evals[:] = [row for row in evals if row["job_id"] != base["job_id"]]
-            evals += [{**base, **record, "rank": 0} for record in offwire if record.get("kind") == "eval"]
-        faults += _job_faults(job_dir, base, clock)
-    return RunFrames(pd.DataFrame(jobs), emulated_seconds(pd.DataFrame(steps), k),
-                     emulated_seconds(pd.DataFrame(evals), k), target,
-                     (run_dir / "COMPLETE").exists(), emulated_seconds(_faults_frame(faults), k),
+    for job_dir in run.jobs:
+        rows = _load_job(job_dir, run_backend)
+        jobs.append(rows.job)
+        steps += rows.steps
+        evals += rows.evals
+        faults += rows.faults
+    return RunFrames(pd.DataFrame(jobs), emulated_seconds(pd.DataFrame(steps), k, DILATED_COLUMNS["steps"]),
+                     emulated_seconds(pd.DataFrame(evals), k, DILATED_COLUMNS["evals"]), stop.get("target_accuracy"),
+                     run.complete, emulated_seconds(_faults_frame(faults), k, DILATED_COLUMNS["faults"]),
                      # a budget left out (None in scenario.json) defaults to the run's own limit
                      budget_steps=_first_set(stop.get("budget_steps"), stop.get("steps")),
                      budget_time_s=_first_set(stop.get("budget_time_s"), stop.get("time_budget_s")),
-                     time_dilation=k)
+                     time_dilation=k, run=run)
+
+
+def _load_job(job_dir: JobDir, run_backend: Optional[str]) -> _JobRows:
+    """One job's row of the jobs frame, its step and eval rows, and its fault events."""
+    info = job_dir.info
+    network = info.get("network", {})
+    base = {"job_id": job_dir.job_id, "label": info.get("label", job_dir.job_id),
+            "algorithm": info.get("algorithm"), "seed": info.get("seed"),
+            "delay_scale": network.get("delay_scale"), "rate": network.get("rate"),
+            "nodes": info.get("nodes")}
+    base["network"] = job_dir.network_key
+    base["workload"] = workload_key(job_dir.config)
+    job = {**base, "status": info.get("status"), "wall_s": info.get("wall_s"),
+           "reason": info.get("reason", ""), "wire": job_dir.wire_bytes_by_rank,
+           "server_ranks": list((info.get("params") or {}).get("server_ranks") or []),
+           "base_label": info.get("base_label") or base["label"], "tuned": info.get("tuned") or {},
+           "backend": info.get("backend") or run_backend, "congestion_control": congestion_control(info)}
+    steps, evals = [], []
+    clock = _JobClock(records={})
+    for _, records in job_dir.rank_records:
+        offsets = _writer_offsets(records)
+        start = _train_start_s(records, offsets)
+        origin = _writer_origin_unix(records)
+        rank_rows = []
+        for record, offset in zip(records, offsets):
+            kind = record.get("kind")
+            # Evaluation stays in: it is the same protocol for every algorithm, and its
+            # communication (averaging a deployable model) overlaps the algorithm's own, so
+            # subtracting it would credit an algorithm with the evaluation's network time.
+            # Other kinds (start, status, membership, rejoin, ...) are not steps or evals.
+            row = {**base, **record, "train_time_s": record.get("time_s", 0.0) + offset - start}
+            if kind == "step":
+                steps.append(row)
+                rank_rows.append(row)
+            elif kind == "eval":
+                evals.append(row)
+        rank = records[0].get("rank") if records else None
+        clock.records[rank] = records
+        # the all-reduce the job used, from the ranks' start records ("gloo", "ours:auto", ...)
+        transports = {r["transport"] for r in records if r.get("kind") == "start" and r.get("transport")}
+        if transports:
+            known = job.get("transport")
+            job["transport"] = "/".join(sorted(transports | ({known} if known else set())))
+        # the data it trained on, from the ranks' data records (one source, unless ranks disagree)
+        sources = {r["source"] for r in records if r.get("kind") == "data" and r.get("source")}
+        if sources:
+            known = job.get("data_source")
+            job["data_source"] = " / ".join(sorted(sources | ({known} if known else set())))
+        if origin is not None:
+            earliest = clock.writers_start_unix
+            clock.writers_start_unix = origin if earliest is None else min(origin, earliest)
+            if rank == 0:
+                clock.rank0_train_zero_unix = origin + start
+                clock.rank0_steps = pd.DataFrame(rank_rows, columns=["step", "train_time_s"])
+    # Evaluations of the output model: the evaluator's eval.jsonl (off the wire and off the
+    # training clock; its train_time_s is the ranks' training clock), or, in runs made before
+    # it, rank 0's in-band eval records read above.
+    if job_dir.evals:
+        evals = [{**base, **record, "rank": 0} for record in job_dir.evals]
+    return _JobRows(job, steps, evals, _job_faults(job_dir, base, clock))
 
 
 def _first_set(*values):
     return next((value for value in values if value is not None), None)
-
-
-def _wire_bytes_by_rank(job_dir: Path) -> dict:
-    """Bytes each rank's node put on the emulated wire during the job (wire.json, from the
-    backend's counters); {} where the backend keeps no counters. Entries without a rank (older
-    files) are keyed by node name."""
-    try:
-        nodes = json.loads((job_dir / "wire.json").read_text())["nodes"]
-    except (OSError, ValueError, KeyError):
-        return {}
-    return {node.get("rank", name): node["bytes_sent"] for name, node in nodes.items()}
 
 
 def _mean(values) -> Optional[float]:
@@ -315,7 +327,7 @@ def _membership_text(record: dict) -> tuple[str, str]:
     return ("; ".join(parts) or "membership unchanged"), effect
 
 
-def _job_faults(job_dir: Path, base: dict, clock: _JobClock) -> list[dict]:
+def _job_faults(job_dir: JobDir, base: dict, clock: _JobClock) -> list[dict]:
     """The fault events of one job (faults.jsonl) and the trainers' records of their effect.
 
     `time_s` counts from the job's start: the harness's own zero for `faults.jsonl`
@@ -326,8 +338,7 @@ def _job_faults(job_dir: Path, base: dict, clock: _JobClock) -> list[dict]:
     training clock (the x axis of the training curves). A fault's `step` is the last step rank 0
     had finished by then; a membership or rejoin record carries its own.
     """
-    path = job_dir / "faults.jsonl"
-    harness = [r for r in read_complete_records(path) if r.get("kind") == "fault"] if path.is_file() else []
+    harness = job_dir.faults
     zeros = [r["time_unix"] - r["applied_s"] for r in harness
              if r.get("time_unix") is not None and r.get("applied_s") is not None]
     job_start_unix = min(zeros) if zeros else clock.writers_start_unix
@@ -454,76 +465,110 @@ def summarize(frames: RunFrames, target_accuracy: Optional[float] = None) -> pd.
     replica_output: list[bool] = []          # per row: the output model is the mean of the replicas
     median_blocked: list[Optional[float]] = []  # per row: median blocked time of a worker step
     for job in frames.jobs.to_dict("records"):
-        row = {key: job.get(key) for key in ("network", "delay_scale", "rate", "nodes", "algorithm",
-                                                 "label", "seed", "status", "workload", "backend",
-                                                 "wall_s", "congestion_control")}
         ev = frames.evals[frames.evals["job_id"] == job["job_id"]] if len(frames.evals) else frames.evals
         st = frames.steps[frames.steps["job_id"] == job["job_id"]] if len(frames.steps) else frames.steps
+        row, blocked = _job_row(job, ev, st, frames, target)
         replica_output.append(_mean_of_replicas(ev))
-        median_blocked.append(None)
-        if len(ev):
-            ev = ev.sort_values("step")
-            row["final_accuracy"] = float(ev["accuracy"].iloc[-1])
-            row["best_accuracy"] = float(ev["accuracy"].max())
-            if target is not None:
-                row["time_to_target_s"] = time_to_target(ev, target)
-            # an eval record's `step` is the index of the last step done
-            row["accuracy_at_step_budget"] = accuracy_at(ev, ev["step"] + 1, frames.budget_steps)
-            row["accuracy_at_time_budget"] = accuracy_at(ev, ev["train_time_s"], frames.budget_time_s)
-        # Roles: a parameter server's ranks (job params server_ranks) serve; the others train.
-        # Throughput, blocked time and bytes per node are the workers'; the servers' bytes apart.
-        servers = set(job.get("server_ranks") or [])
-        row["servers"] = len(servers)
-        if len(st):
-            workers = st[~st["rank"].isin(servers)] if servers else st
-            row["workers"] = int(workers["rank"].nunique())
-            first = workers[workers["rank"] == workers["rank"].min()] if len(workers) else workers
-            row["steps"] = int(first["step"].max()) + 1 if len(first) else None
-            row["train_time_s"] = float(first["train_time_s"].max()) if len(first) else None
-            if row.get("steps") and row.get("train_time_s"):
-                row["steps_per_s"] = row["steps"] / row["train_time_s"]
-            # Sum of the per-step counts, not the last running total: a restarted rank's total
-            # starts again from 0 in its new process.
-            if has_values(workers, "bytes_sent"):  # a user's script may not count its bytes
-                row["bytes_sent_per_node"] = float(workers.groupby("rank")["bytes_sent"].sum().mean())
-            if servers and has_values(st, "bytes_sent"):
-                served = st[st["rank"].isin(servers)]
-                row["server_bytes_sent_per_node"] = float(served.groupby("rank")["bytes_sent"].sum().mean())
-            if row.get("steps") and row.get("bytes_sent_per_node") is not None:
-                row["bytes_per_step_per_node"] = row["bytes_sent_per_node"] / row["steps"]
-            if "compute_s" in workers and workers["compute_s"].notna().any():
-                row["compute_s_per_step"] = float(workers["compute_s"].dropna().median())
-            blocked = workers["comm_blocked_s"].dropna() if has_values(workers, "comm_blocked_s") else []
-            if len(blocked) and has_values(workers, "step_s"):
-                median_blocked[-1] = float(blocked.median())
-                row["comm_blocked_fraction"] = float(blocked.sum() / workers.loc[blocked.index, "step_s"].sum())
-            if "staleness" in workers and workers["staleness"].notna().any():
-                row["mean_staleness"] = float(workers["staleness"].dropna().mean())
-        wire = job.get("wire") or {}
-        row["wire_bytes_per_node"] = _mean(sent for rank, sent in wire.items() if rank not in servers)
-        if servers:
-            row["server_wire_bytes_per_node"] = _mean(sent for rank, sent in wire.items() if rank in servers)
-        transport = job.get("transport")
-        if isinstance(transport, str):
-            row["transport"] = transport
-        data_source = job.get("data_source")
-        if isinstance(data_source, str):
-            row["data_source"] = data_source
-        if job.get("tuned"):
-            row["tuned"] = " ".join(f"{k}={v}" for k, v in job["tuned"].items())
-        if row.get("wire_bytes_per_node") is not None and row.get("bytes_sent_per_node"):
-            # what the wire carried beyond the tensors the trainers counted: headers, handshakes,
-            # retransmissions, control messages
-            row["wire_overhead"] = row["wire_bytes_per_node"] / row["bytes_sent_per_node"] - 1.0
-        row["time_dilation"] = frames.time_dilation
+        median_blocked.append(blocked)
         rows.append(row)
     table = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
     _mark_sweep_best(table, frames.jobs)
     _add_output_sync(table, replica_output, median_blocked)
     _add_compute_comm_ratio(table, median_blocked)
-    # Ratios against sync at the same network point and seed: >1 means faster than sync. Where
-    # the scenario runs sync on several workloads (e.g. compute padded or not), the sync job of the
-    # same workload; with one sync job there, that one.
+    _add_ratios_vs_sync(table)
+    return table
+
+
+def _job_row(job: dict, ev: pd.DataFrame, st: pd.DataFrame, frames: RunFrames,
+             target: Optional[float]) -> tuple[dict, Optional[float]]:
+    """One job's summary row (before the comparisons with sync), and the median blocked time of
+    its workers' steps (None when not measured): what the comparisons of other jobs with it need."""
+    row = {key: job.get(key) for key in ("network", "delay_scale", "rate", "nodes", "algorithm",
+                                         "label", "seed", "status", "workload", "backend", "wall_s",
+                                         "congestion_control")}
+    median_blocked = None
+    if len(ev):
+        ev = ev.sort_values("step")
+        row["final_accuracy"] = float(ev["accuracy"].iloc[-1])
+        row["best_accuracy"] = float(ev["accuracy"].max())
+        if target is not None:
+            row["time_to_target_s"] = time_to_target(ev, target)
+        # an eval record's `step` is the index of the last step done
+        row["accuracy_at_step_budget"] = accuracy_at(ev, ev["step"] + 1, frames.budget_steps)
+        row["accuracy_at_time_budget"] = accuracy_at(ev, ev["train_time_s"], frames.budget_time_s)
+    # Roles: a parameter server's ranks (job params server_ranks) serve; the others train.
+    # Throughput, blocked time and bytes per node are the workers'; the servers' bytes apart.
+    servers = set(job.get("server_ranks") or [])
+    row["servers"] = len(servers)
+    if len(st):
+        workers = st[~st["rank"].isin(servers)] if servers else st
+        row["workers"] = int(workers["rank"].nunique())
+        first = workers[workers["rank"] == workers["rank"].min()] if len(workers) else workers
+        row["steps"] = int(first["step"].max()) + 1 if len(first) else None
+        row["train_time_s"] = float(first["train_time_s"].max()) if len(first) else None
+        if row.get("steps") and row.get("train_time_s"):
+            row["steps_per_s"] = row["steps"] / row["train_time_s"]
+        # Sum of the per-step counts, not the last running total: a restarted rank's total
+        # starts again from 0 in its new process.
+        if has_values(workers, "bytes_sent"):  # a user's script may not count its bytes
+            row["bytes_sent_per_node"] = float(workers.groupby("rank")["bytes_sent"].sum().mean())
+        if servers and has_values(st, "bytes_sent"):
+            served = st[st["rank"].isin(servers)]
+            row["server_bytes_sent_per_node"] = float(served.groupby("rank")["bytes_sent"].sum().mean())
+        if row.get("steps") and row.get("bytes_sent_per_node") is not None:
+            row["bytes_per_step_per_node"] = row["bytes_sent_per_node"] / row["steps"]
+        if "compute_s" in workers and workers["compute_s"].notna().any():
+            row["compute_s_per_step"] = float(workers["compute_s"].dropna().median())
+        blocked = workers["comm_blocked_s"].dropna() if has_values(workers, "comm_blocked_s") else []
+        if len(blocked) and has_values(workers, "step_s"):
+            median_blocked = float(blocked.median())
+            row["comm_blocked_fraction"] = float(blocked.sum() / workers.loc[blocked.index, "step_s"].sum())
+        if "staleness" in workers and workers["staleness"].notna().any():
+            row["mean_staleness"] = float(workers["staleness"].dropna().mean())
+    wire = job.get("wire") or {}
+    row["wire_bytes_per_node"] = _mean(sent for rank, sent in wire.items() if rank not in servers)
+    if servers:
+        row["server_wire_bytes_per_node"] = _mean(sent for rank, sent in wire.items() if rank in servers)
+    transport = job.get("transport")
+    if isinstance(transport, str):
+        row["transport"] = transport
+    data_source = job.get("data_source")
+    if isinstance(data_source, str):
+        row["data_source"] = data_source
+    if job.get("tuned"):
+        row["tuned"] = " ".join(f"{k}={v}" for k, v in job["tuned"].items())
+    if row.get("wire_bytes_per_node") is not None and row.get("bytes_sent_per_node"):
+        # what the wire carried beyond the tensors the trainers counted: headers, handshakes,
+        # retransmissions, control messages
+        row["wire_overhead"] = row["wire_bytes_per_node"] / row["bytes_sent_per_node"] - 1.0
+    row["time_dilation"] = frames.time_dilation
+    return row, median_blocked
+
+
+def sync_reference(table: pd.DataFrame, row, among: Optional[pd.Series] = None) -> Optional[pd.Series]:
+    """The sync job `row` is compared with: same network point and seed, and the same workload
+    where sync ran on several (else the first, as for sync variants of one workload); None when
+    there is no sync job there. Every comparison with sync goes through here.
+
+    Args:
+        table: summary rows (`algorithm`, `network`, `seed`, `workload` columns).
+        row: the row to compare (a Series or a dict).
+        among: a boolean Series over `table`'s index: only these rows may be the reference (the
+            sync jobs that measured what the comparison needs).
+    """
+    chosen = (table["algorithm"] == "sync") & (table["network"] == row["network"]) & (table["seed"] == row["seed"])
+    if among is not None:
+        chosen &= among
+    candidates = table[chosen]
+    if len(candidates) > 1 and "workload" in table:
+        same = candidates[candidates["workload"] == row.get("workload")]
+        candidates = same if len(same) else candidates
+    return candidates.iloc[0] if len(candidates) else None
+
+
+def _add_ratios_vs_sync(table: pd.DataFrame) -> None:
+    """Ratios against sync (sync_reference): >1 means faster than sync. Where the scenario runs
+    sync on several workloads (e.g. compute padded or not), the sync job of the same workload."""
     for index, row in table.iterrows():
         ref = sync_reference(table, row)
         if ref is None:
@@ -537,19 +582,6 @@ def summarize(frames: RunFrames, target_accuracy: Optional[float] = None) -> pd.
             if pd.notna(ref[column]) and pd.notna(row[column]):
                 table.at[index, "accuracy_delta_vs_sync"] = row[column] - ref[column]
                 break
-    return table
-
-
-def sync_reference(table: pd.DataFrame, row) -> Optional[pd.Series]:
-    """The sync job `row` is compared with: same network point and seed, and the same workload
-    where sync ran on several (else the first, as for sync variants of one workload); None when
-    there is no sync job there."""
-    candidates = table[(table["algorithm"] == "sync") & (table["network"] == row["network"])
-                       & (table["seed"] == row["seed"])]
-    if len(candidates) > 1 and "workload" in table:
-        same = candidates[candidates["workload"] == row.get("workload")]
-        candidates = same if len(same) else candidates
-    return candidates.iloc[0] if len(candidates) else None
 
 
 def _mean_of_replicas(evals: pd.DataFrame) -> bool:
@@ -565,20 +597,21 @@ def _add_output_sync(table: pd.DataFrame, replica_output: list[bool], median_blo
     the wire it costs nothing, but a user who wants it must average the replicas once, one
     all-reduce of the model on this network. Without that cost a job whose replicas, averaged,
     reach the target before they ever synchronised would show a time to target of a few steps of
-    compute. So output_sync_s = sync's median blocked time per step at the same network point and
-    seed (one all-reduce of the same model on the same transport, measured), and time_to_target_s
-    includes it. Jobs whose output needs no averaging (rank 0, centre, server) get 0; without a
-    sync job to measure it, output_sync_s stays empty and time_to_target_s without it."""
+    compute. So output_sync_s = sync's median blocked time per step (sync_reference: same network
+    point, seed and workload; one all-reduce of the same model on the same transport, measured),
+    and time_to_target_s includes it. Jobs whose output needs no averaging (rank 0, centre,
+    server) get 0; without a sync job to measure it, output_sync_s stays empty and
+    time_to_target_s without it."""
     table["output_sync_s"] = table["output_sync_s"].astype(float)
+    measured = pd.Series([value is not None for value in median_blocked], index=table.index, dtype=bool)
     for index, row in table.iterrows():
         if not replica_output[index]:
             table.at[index, "output_sync_s"] = 0.0
             continue
-        refs = [i for i in table.index if table.at[i, "algorithm"] == "sync" and table.at[i, "network"] == row["network"]
-                and table.at[i, "seed"] == row["seed"] and median_blocked[i] is not None]
-        if not refs:
+        ref = sync_reference(table, row, among=measured)
+        if ref is None:
             continue
-        cost = median_blocked[refs[0]]
+        cost = median_blocked[ref.name]
         table.at[index, "output_sync_s"] = cost
         if pd.notna(row["time_to_target_s"]):
             table.at[index, "time_to_target_s"] = row["time_to_target_s"] + cost
@@ -586,13 +619,13 @@ def _add_output_sync(table: pd.DataFrame, replica_output: list[bool], median_blo
 
 def _add_compute_comm_ratio(table: pd.DataFrame, median_blocked: list[Optional[float]]) -> None:
     """compute_comm_ratio: a job's median compute per step over one all-reduce of the model on its
-    network (sync's median blocked step at the same point and seed; none without a sync job)."""
+    network (sync's median blocked step: sync_reference; none without a sync job that blocked)."""
     table["compute_comm_ratio"] = table["compute_comm_ratio"].astype(float)
+    blocked = pd.Series([bool(value) for value in median_blocked], index=table.index, dtype=bool)
     for index, row in table.iterrows():
-        refs = [i for i in table.index if table.at[i, "algorithm"] == "sync" and table.at[i, "network"] == row["network"]
-                and table.at[i, "seed"] == row["seed"] and median_blocked[i]]
-        if refs and pd.notna(row["compute_s_per_step"]):
-            table.at[index, "compute_comm_ratio"] = row["compute_s_per_step"] / median_blocked[refs[0]]
+        ref = sync_reference(table, row, among=blocked)
+        if ref is not None and pd.notna(row["compute_s_per_step"]):
+            table.at[index, "compute_comm_ratio"] = row["compute_s_per_step"] / median_blocked[ref.name]
 
 
 def write_summary(run_dir, table: pd.DataFrame) -> Path:
@@ -611,7 +644,8 @@ def summary_table(table: pd.DataFrame, title: str):
         out.add_column(column.replace("_", " "), justify="right")
 
     def fmt(value, column):
-        if value is None or (isinstance(value, float) and pd.isna(value)):
+        # "" too: a job that never wrote job.json has no network (a CSV read back says NaN)
+        if value is None or value == "" or (isinstance(value, float) and pd.isna(value)):
             return "-"
         if column in BYTE_COLUMNS:
             return format_bytes(value)

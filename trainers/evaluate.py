@@ -37,7 +37,7 @@ from typing import Optional
 
 import torch
 
-from trainers.records import RecordTail, read_complete_records
+from trainers.jsonl import RecordTail, rank_files, read_complete_records
 from trainers.snapshots import SnapshotLister
 
 EVAL_FILE = "eval.jsonl"
@@ -68,7 +68,7 @@ class RankRecords:
     """Follows a job's ``rank<N>.jsonl`` files and keeps their :class:`RankStates` up to date.
 
     Each :meth:`read` parses only what the ranks appended since the last one
-    (:class:`trainers.records.RecordTail`: a byte offset per file, a line cut mid-write left for
+    (:class:`trainers.jsonl.RecordTail`: a byte offset per file, a line cut mid-write left for
     the next read), so following a job costs its new records, not all of them at every look. If a
     file was replaced, shrank or went away, every file is read again from the start: the states
     are always those of reading the files whole at that moment.
@@ -85,11 +85,7 @@ class RankRecords:
 
     def read(self) -> RankStates:
         """The states after the records appended since the last call (see the class docstring)."""
-        paths = {}
-        for path in self.job_dir.glob("rank*.jsonl"):
-            name = path.name[4:-6]
-            if name.isdigit():
-                paths[int(name)] = path
+        paths = rank_files(self.job_dir)
         if set(self._tails) - set(paths):
             self._start_over()
         for rank in sorted(paths):
@@ -323,7 +319,7 @@ def run_evaluator(job_dir: str | Path, follow: bool = False, until_file: Optiona
 
     evaluator = JobEvaluator(job_dir, device)
     out_path = Path(job_dir) / EVAL_FILE
-    previous = [r for r in read_complete_records(out_path) if r.get("kind") == "eval"]  # a cut last line left out
+    previous = read_complete_records(out_path, kinds=("eval",))  # a cut last line left out
     evaluator.done_through = max((r["eval_index"] for r in previous), default=-1)
     target = evaluator.config.target_accuracy
     written: list[dict] = []

@@ -1,5 +1,6 @@
 """What a run writes: JSONL records (one JSON object per line, flushed per line so a crash keeps
-what was written) and the resolved config, replaced whole."""
+what was written) and the resolved config, replaced whole. Reading the records back is
+trainers/jsonl.py's (its readers are importable from here too)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from trainers import clock
+from trainers.jsonl import RecordTail, read_complete_records, read_records  # noqa: F401 - this module's readers before trainers/jsonl.py
 
 # Rank 0 writes the resolved config (every default filled in) here, in the run's output_dir. Runs
 # made before it existed have it in config.json (rank 0 overwrote the file the ranks started from).
@@ -86,107 +88,6 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
-
-
-def read_records(path: str | Path) -> list[dict]:
-    """Read every record of one JSONL file (used by tests and analysis)."""
-    with open(path) as handle:
-        return [json.loads(line) for line in handle if line.strip()]
-
-
-class RecordTail:
-    """The records another process appends to one JSONL file, read a piece at a time.
-
-    Each :meth:`read_new` parses only the bytes added since the last one: it remembers how far it
-    got (``offset``, in bytes), so following a file that grows by a record per step costs the new
-    records, not the whole file again. A last line without its newline is a record cut mid-write:
-    it is left for the next read (unless it already holds a whole record). A complete line that is
-    not JSON (a crashed writer's cut line with a restarted writer's record after it) is skipped and
-    counted in ``bad_lines``. A file that was replaced (another inode), shrank, or no longer
-    starts with the bytes read first (truncated and written again) is read again from the start,
-    and ``restarted`` says so until the next read.
-
-    Args:
-        path: the JSONL file (it need not exist yet).
-    """
-
-    # Bytes of the file's head remembered to recognise a file truncated and refilled in place
-    # (RecordWriter without append): its first record's time_unix differs.
-    HEAD_BYTES = 256
-
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-        self.offset = 0  # bytes consumed: every record before it was returned once
-        self.restarted = False
-        self.lines_parsed = 0  # json.loads calls, over the life of this reader
-        self.bad_lines = 0
-        self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file read so far
-        self._head = b""
-
-    def read_new(self) -> list[dict]:
-        """Records completed since the last call (all of them the first time, or after a restart)."""
-        self.restarted = False
-        try:
-            handle = open(self.path, "rb")
-        except FileNotFoundError:
-            if self.offset:
-                self._restart()
-            return []
-        with handle:
-            status = os.fstat(handle.fileno())
-            if self.offset and ((status.st_dev, status.st_ino) != self._identity or status.st_size < self.offset
-                                or os.pread(handle.fileno(), len(self._head), 0) != self._head):
-                self._restart()
-            self._identity = (status.st_dev, status.st_ino)
-            if status.st_size == self.offset:
-                return []
-            handle.seek(self.offset)
-            data = handle.read()  # to the end now: it may have grown since fstat
-        if len(self._head) < self.HEAD_BYTES:
-            self._head = (self._head + data)[:self.HEAD_BYTES]
-        rows, consumed = self._parse(data)
-        self.offset += consumed
-        if len(self._head) > self.offset:
-            self._head = self._head[:self.offset]  # remember only what was consumed
-        return rows
-
-    def _parse(self, data: bytes) -> tuple[list[dict], int]:
-        """The records in ``data`` and how many of its bytes they used (up to the last whole line)."""
-        end = data.rfind(b"\n") + 1
-        rows = []
-        for line in data[:end].split(b"\n"):
-            if line.strip():
-                record = self._decode(line)
-                if isinstance(record, dict):
-                    rows.append(record)
-                else:
-                    self.bad_lines += 1
-        rest = data[end:]
-        if rest.strip():
-            # No newline yet. A JSON object cut anywhere before its closing brace does not parse,
-            # so one that parses is whole (its newline is on the way) and is taken now.
-            record = self._decode(rest)
-            if isinstance(record, dict):
-                rows.append(record)
-                end = len(data)
-        return rows, end
-
-    def _decode(self, line: bytes):
-        self.lines_parsed += 1
-        try:
-            return json.loads(line)
-        except ValueError:  # JSONDecodeError, or bytes that are not UTF-8
-            return None
-
-    def _restart(self) -> None:
-        self.offset, self._identity, self._head, self.restarted = 0, None, b"", True
-
-
-def read_complete_records(path: str | Path) -> list[dict]:
-    """The records of a JSONL file another process may still be appending to, or that a crashed
-    writer left a torn line in: a last line cut mid-write and complete lines that are not JSON are
-    left out (:class:`RecordTail`, read once); no file: no records."""
-    return RecordTail(path).read_new()
 
 
 def resolved_config_path(output_dir: str | Path) -> Path | None:

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from trainers.jsonl import rank_files, tail_records
+
 STOP_FILE = "STOP"
 
 
@@ -87,25 +89,8 @@ class StopWatcher:
 
 def last_steps(output_dir: str | Path, tail_bytes: int = 16384) -> dict[int, list[tuple[int, float]]]:
     """Per rank, the (step, time_s) of the step records in the tail of ``rank<N>.jsonl``."""
-    found: dict[int, list[tuple[int, float]]] = {}
-    for path in Path(output_dir).glob("rank*.jsonl"):
-        name = path.name[4:-6]
-        if not name.isdigit():
-            continue
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            handle.seek(max(0, handle.tell() - tail_bytes))
-            lines = handle.read().decode(errors="replace").splitlines()[1:]  # the first may be cut
-        steps = []
-        for line in lines:
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if record.get("kind") == "step":
-                steps.append((int(record["step"]), float(record["time_s"])))
-        found[int(name)] = steps
-    return found
+    return {rank: [(int(r["step"]), float(r["time_s"])) for r in tail_records(path, tail_bytes, kinds=("step",))]
+            for rank, path in rank_files(output_dir).items()}
 
 
 def stop_step_from_records(output_dir: str | Path, margin_s: float = 2.0, min_margin_steps: int = 5) -> int:

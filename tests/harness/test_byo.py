@@ -14,6 +14,7 @@ import pytest
 from emulator.node_enter import outermost, resolve_links, visible_plan
 from emulator.visibility import NotVisibleError, check_visible, default_folders, path_with_venv_first, venv_bin
 from harness import byo
+from harness.rundir import RunDir
 from harness.results import load_run, summarize
 from trainers.byo import Recorder
 
@@ -181,7 +182,7 @@ def test_records_of_the_helper_give_the_built_in_summary(tmp_path, monkeypatch):
     assert row["wire_bytes_per_node"] == 2000 and row["congestion_control"] == "reno" and row["wall_s"] == 12.5
     assert pd_isna(row["bytes_sent_per_node"])  # the script counted none: not shown as 0
     assert list(frames.steps["loss"])[:4] == [2.0, 1.75, 1.5, 1.25]
-    lines = "\n".join(byo.report_lines(run_dir))
+    lines = "\n".join(byo.report_lines(RunDir(run_dir).jobs))
     assert "wall time 12.5 s" in lines and "tcp_congestion_control reno" in lines
     assert "wire bytes per pair: b-0->a-0 3 kB, a-0->b-0 1 kB" in lines  # the busiest first
 

@@ -168,6 +168,38 @@ def test_each_job_is_compared_with_the_sync_job_of_its_own_workload(tmp_path):
     assert table.loc["eawild-heavy", "speedup_vs_sync"] == pytest.approx(0.5)
 
 
+@pytest.mark.parametrize("heavy_first", [True, False])
+def test_every_comparison_with_sync_takes_the_sync_job_of_its_own_workload(tmp_path, heavy_first):
+    """Sync on two workloads at one network point and seed: the speedups, the output's averaging
+    cost (output_sync_s, added to time_to_target_s) and compute_comm_ratio each take the sync job
+    of the row's own workload, whichever sync job comes first in the run."""
+    light, heavy = {"model": {"name": "lenet"}, "lr": 0.05}, {"model": {"name": "lenet"}, "lr": 0.05, "min_compute_s": 0.5}
+    syncs = [FakeJob("sync", label="sync-heavy", step_time_s=1.0, blocked_s=0.5, evals={4: 0.5, 9: 0.95},
+                     output_role="rank0", config={**heavy, "algorithm": {"name": "sync"}}),
+             FakeJob("sync", label="sync-light", step_time_s=0.3, blocked_s=0.2, evals={4: 0.5, 9: 0.95},
+                     output_role="rank0", config={**light, "algorithm": {"name": "sync"}})]
+    others = [FakeJob("local_sgd", label="local-light", step_time_s=0.15, blocked_s=0.05, evals={4: 0.95},
+                      output_role="replica", config={**light, "algorithm": {"name": "local_sgd"}}),
+              FakeJob("local_sgd", label="local-heavy", step_time_s=0.6, blocked_s=0.1, evals={4: 0.95},
+                      output_role="replica", config={**heavy, "algorithm": {"name": "local_sgd"}})]
+    jobs = (syncs if heavy_first else syncs[::-1]) + others
+    table = summarize(load_run(write_run(tmp_path, jobs))).set_index("label")
+    # one all-reduce of the model on this network, as the same workload's sync measured it
+    assert table.loc["local-light", "output_sync_s"] == pytest.approx(0.2)
+    assert table.loc["local-heavy", "output_sync_s"] == pytest.approx(0.5)
+    assert table.loc["local-light", "time_to_target_s"] == pytest.approx(5 * 0.15 + 0.2)
+    assert table.loc["local-heavy", "time_to_target_s"] == pytest.approx(5 * 0.6 + 0.5)
+    # compute per step over the same workload's sync all-reduce
+    assert table.loc["sync-light", "compute_comm_ratio"] == pytest.approx(0.1 / 0.2)
+    assert table.loc["sync-heavy", "compute_comm_ratio"] == pytest.approx(0.5 / 0.5)
+    assert table.loc["local-light", "compute_comm_ratio"] == pytest.approx(0.1 / 0.2)
+    assert table.loc["local-heavy", "compute_comm_ratio"] == pytest.approx(0.5 / 0.5)
+    sync_light_time = table.loc["sync-light", "time_to_target_s"]
+    assert table.loc["local-light", "speedup_vs_sync"] == pytest.approx(sync_light_time / (5 * 0.15 + 0.2))
+    assert table.loc["local-light", "throughput_speedup_vs_sync"] == pytest.approx(0.3 / 0.15)
+    assert table.loc["local-heavy", "throughput_speedup_vs_sync"] == pytest.approx(1.0 / 0.6)
+
+
 def test_summarize_matches_hand_computed_values(tmp_path):
     run_dir = write_run(tmp_path, sync_and_dts())
     table = summarize(load_run(run_dir)).set_index("label")
@@ -380,3 +412,118 @@ def test_the_report_says_how_auto_time_dilation_chose_k(tmp_path):
     (run_dir / "scenario.json").write_text(json.dumps(scenario))
     markdown = write_report([run_dir], tmp_path / "out").markdown.read_text()
     assert "time dilation 14, chosen by auto: resnet20 on cifar10, batch 64: 320.0 ms per forward + backward" in markdown
+
+
+def _dilated(run_dir: Path, k: float) -> Path:
+    scenario = json.loads((run_dir / "scenario.json").read_text())
+    scenario["spec"]["time_dilation"] = k
+    (run_dir / "scenario.json").write_text(json.dumps(scenario))
+    return run_dir
+
+
+def test_time_dilation_is_backed_out_of_the_listed_columns_only(tmp_path):
+    """A dilated run's listed durations are divided by K; a new `_s` field nobody listed keeps the
+    value the trainers wrote (it may not run on the dilated clock) instead of being divided by name."""
+    from harness.results import DILATED_COLUMNS
+
+    run_dir = _dilated(write_run(tmp_path, [FakeJob("sync", evals={9: 0.95})]), 4.0)
+    for path in (run_dir / "jobs").glob("*/rank*.jsonl"):
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        for record in records:
+            if record["kind"] == "step":
+                record["queue_wait_s"] = 2.0  # a field the trainers do not write today
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    frames = load_run(run_dir)
+    step = frames.steps[(frames.steps["rank"] == 0) & (frames.steps["step"] == 0)].iloc[0]
+    assert step["queue_wait_s"] == 2.0
+    assert step["step_s"] == pytest.approx(1.0 / 4) and step["comm_blocked_s"] == pytest.approx(0.4 / 4)
+    assert step["time_s"] == pytest.approx(1.5 / 4) and step["train_time_s"] == pytest.approx(1.0 / 4)
+    assert "step_s" in DILATED_COLUMNS["steps"] and "queue_wait_s" not in DILATED_COLUMNS["steps"]
+    assert frames.jobs.iloc[0]["wall_s"] == 12  # the job's own wall clock stays
+
+
+def _written_duration_fields() -> dict[str, set]:
+    """kind -> the `_s` / `_s_min` fields the trainers write in step and eval records (read from the
+    source: `writer.write("step", x_s=...)` calls and `{"kind": "eval", "x_s": ...}` literals)."""
+    import ast
+
+    root = Path(__file__).resolve().parents[2] / "trainers"
+    found: dict[str, set] = {"step": set(), "eval": set()}
+
+    def duration(name) -> bool:
+        return isinstance(name, str) and (name.endswith("_s") or name.endswith("_s_min"))
+
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "write"
+                    and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value in found):
+                found[node.args[0].value] |= {k.arg for k in node.keywords if duration(k.arg)}
+            if isinstance(node, ast.Dict):
+                keys = {k.value: v for k, v in zip(node.keys, node.values) if isinstance(k, ast.Constant)}
+                kind = keys.get("kind")
+                if isinstance(kind, ast.Constant) and kind.value in found:
+                    found[kind.value] |= {k for k in keys if duration(k)}
+    return found
+
+
+def test_every_duration_the_trainers_record_is_listed_as_dilated_or_not():
+    from harness.results import DILATED_COLUMNS, UNDILATED_FIELDS
+
+    written = _written_duration_fields()
+    assert {"step_s", "comm_blocked_s"} <= written["step"] and {"time_s_min", "train_time_s"} <= written["eval"]
+    for kind, frame in (("step", "steps"), ("eval", "evals")):
+        unlisted = written[kind] - set(DILATED_COLUMNS[frame]) - set(UNDILATED_FIELDS)
+        assert not unlisted, f"{kind} records' {sorted(unlisted)}: add to results.DILATED_COLUMNS or UNDILATED_FIELDS"
+
+
+def test_a_report_reads_each_file_of_a_run_once(tmp_path, monkeypatch):
+    """scenario.json, environment.json and every record file are read once per report, and a run
+    `wanbench run` has just loaded and summarized is neither read nor summarized again."""
+    import harness.report as report_module
+    import harness.rundir as rundir_module
+
+    run_dir = write_run(tmp_path / "runs", sync_and_dts())
+    reads: dict = {}
+    real_read_text, real_records = Path.read_text, rundir_module.read_complete_records
+
+    def read_text(self, *args, **kwargs):
+        reads[self.name] = reads.get(self.name, 0) + 1
+        return real_read_text(self, *args, **kwargs)
+
+    def records(path, *args, **kwargs):
+        key = f"{Path(path).parent.name}/{Path(path).name}"
+        reads[key] = reads.get(key, 0) + 1
+        return real_records(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    monkeypatch.setattr(rundir_module, "read_complete_records", records)
+    write_report([run_dir], tmp_path / "out")
+    assert reads["scenario.json"] == 1 and reads["environment.json"] == 1 and reads["job.json"] == 2
+    rank_files = {k: v for k, v in reads.items() if k.endswith(".jsonl")}
+    assert len(rank_files) == 2 * 4 and set(rank_files.values()) == {1}  # rank0, rank1, eval, faults per job
+
+    frames = load_run(run_dir)
+    summary = summarize(frames)
+    reads.clear()
+    summarized = []
+    monkeypatch.setattr(report_module, "summarize", lambda *a, **k: summarized.append(a) or summarize(*a, **k))
+    outcome = write_report([run_dir], tmp_path / "again", loaded={run_dir: frames}, summaries={run_dir: summary})
+    assert summarized == [] and reads == {"plan.json": 1}  # the only file the run itself did not need
+    assert list(outcome.results.summary["label"]) == list(summary["label"])
+
+
+def test_a_parameter_servers_network_is_compared_at_the_point_its_job_json_names(tmp_path):
+    """A parameter server's network is built in its own folder (delay1-ps1); its mean RTT and rate
+    join the summary at the network key job.json gives, as the other jobs' at that point do."""
+    run_dir = write_run(tmp_path, [FakeJob("sync", evals={9: 0.95}), FakeJob("async_ps", evals={9: 0.95}, nodes=3)])
+    job_dir = next((run_dir / "jobs").glob("*-async_ps-*"))
+    info = json.loads((job_dir / "job.json").read_text())
+    info["network"]["extra_servers"] = 1
+    info["params"] = {"server_ranks": [2]}
+    (job_dir / "job.json").write_text(json.dumps(info))
+    (run_dir / "delay1").rename(run_dir / "delay1-ps1")  # only the server's network was built
+    axes = network_axes(run_dir)
+    assert list(axes["network"]) == ["delay1"] and axes.loc[0, "mean_rtt_ms"] == pytest.approx(100.0)
+    summary = load_results([run_dir]).summary.set_index("label")
+    assert summary.loc["async_ps", "mean_rtt_ms"] == pytest.approx(100.0)
+    assert summary.loc["async_ps", "servers"] == 1 and summary.loc["async_ps", "workers"] == 2
