@@ -287,12 +287,12 @@ class AlgorithmConfig:
 @dataclass
 class CommConfig:
     """Communication backend. gloo works for CPU and CUDA tensors (staged via CPU); nccl needs CUDA;
-    tcp (trainers/comm_tcp.py) survives a peer's crash and admits restarted ranks, for the
+    tcp (trainers/comm/tcp.py) survives a peer's crash and admits restarted ranks, for the
     crash-tolerant algorithms only."""
 
     backend: Literal["gloo", "nccl", "tcp"] = "gloo"
     timeout_s: float = 300.0
-    # Every algorithm's all-reduce (trainers/comm.py, Comm.allreduce_async): ours over
+    # Every algorithm's all-reduce (trainers/comm/, Comm.allreduce_async): ours over
     # point-to-point messages on background threads (auto: direct exchange for small payloads,
     # ring for large; ring; direct; recursive_doubling) or gloo, the backend's own collective (the
     # reference). nccl keeps its own collective under auto; tcp is always its crash-tolerant star.

@@ -17,7 +17,7 @@ from trainers import datasets, models
 from trainers.algorithms import ALGORITHMS, get_algorithm
 from trainers.config import Config, ConfigError, from_dict, to_dict
 
-# The comm backend that survives a peer's crash and admits restarted ranks (trainers/comm_tcp.py).
+# The comm backend that survives a peer's crash and admits restarted ranks (trainers/comm/tcp.py).
 ELASTIC_COMM_BACKEND = "tcp"
 
 

@@ -143,7 +143,7 @@ def _make_comm(config: Config, device: torch.device) -> Comm:
     if not uses_elastic_comm(config):
         return TorchComm(config.comm.backend, config.comm.timeout_s, device, config.comm.allreduce)
     check_comm_backend(config)  # load_config checked it; a Config built by hand may not be
-    from trainers.comm_tcp import TcpComm
+    from trainers.comm import TcpComm
 
     return TcpComm(config.comm.timeout_s, device)
 
@@ -351,7 +351,7 @@ class _StopControl:
 
 
 class _Membership:
-    """Which ranks take part, agreed at eval points on an elastic comm (see comm_tcp).
+    """Which ranks take part, agreed at eval points on an elastic comm (see trainers/comm/tcp.py).
 
     This is control traffic, not evaluation: rank 0 (the coordinator) sends every live rank one
     small message per eval point (the step, and per rank 0 (not live) or 1 + the generation of its
