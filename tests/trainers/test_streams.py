@@ -1,4 +1,4 @@
-"""MessageStreams (trainers/comm.py): keyed messages between every pair of ranks, sent one at a
+"""MessageStreams (trainers/comm/streams.py): keyed messages between every pair of ranks, sent one at a
 time per destination in priority or FIFO order; on the threaded driver gloo's comm uses (with a
 transport the test holds) and on the simulator's; the comms that cannot carry them say so."""
 
