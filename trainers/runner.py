@@ -30,11 +30,12 @@ import torch
 from trainers import clock
 from trainers.algorithms import Algorithm, AlgorithmContext, get_algorithm
 from trainers.comm import Comm, PeerLost, ProcessKilled, TcpComm, TorchComm
-from trainers.config import GPU_REASON_VARIABLE, GPU_SHARED_BY_VARIABLE, Config, to_dict
+from trainers.config import COMM_BACKEND_VARIABLE, GPU_REASON_VARIABLE, GPU_SHARED_BY_VARIABLE, Config, to_dict  # noqa: F401
 from trainers.datasets import BatchSampler, DataBundle, load_dataset, shard_indices
 from trainers.padding import LayerPadding
 from trainers.launch import free_port
-# LAUNCHER_BACKENDS and with_launcher_backend are named here too: the rule lives in loading.py
+# COMM_BACKEND_VARIABLE, LAUNCHER_BACKENDS and with_launcher_backend are named here too (the harness's
+# tests read them from the runner, which reads the variable); the rule lives in loading.py
 from trainers.loading import LAUNCHER_BACKENDS, resolve, uses_elastic_comm, with_launcher_backend  # noqa: F401
 from trainers.models import build_model
 from trainers.records import RESOLVED_CONFIG_FILE, RecordWriter, write_json_atomic
