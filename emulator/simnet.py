@@ -184,11 +184,11 @@ class FluidNetwork:
             loss[i, j] = spec.loss_fraction
         of = np.array([index[node.region] for node in sorted(plan.nodes, key=lambda n: n.rank)])
         grid = np.ix_(of, of)
-        net = cls(latency_s=lat[grid], rate=rate[grid], jitter_s=jit[grid], loss=loss[grid],
+        latency_s = lat[grid]  # a copy (fancy indexing): two ranks of one region are 0 apart
+        np.fill_diagonal(latency_s, 0.0)
+        net = cls(latency_s=latency_s, rate=rate[grid], jitter_s=jit[grid], loss=loss[grid],
                   tcp_window=float(plan.tcp_buffer_max_bytes), nic=nic_rate_bit_s / 8.0 if nic_rate_bit_s else None,
                   region_of=tuple(regions[i] for i in of), seed=seed)
-        np.fill_diagonal(net.latency_s, 0.0)
-        np.fill_diagonal(net._base["latency_s"], 0.0)
         return net
 
     # -- the path's properties ----------------------------------------------------------------

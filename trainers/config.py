@@ -120,7 +120,7 @@ def from_dict(cls: type, data: Any, path: str = "") -> Any:
     kwargs = {}
     for name, value in data.items():
         sub = f"{path}.{name}" if path else name
-        kwargs[name] = _convert(hints[name], value, sub)
+        kwargs[name] = _convert(known[name].metadata.get(PARSED_AS, hints[name]), value, sub)
     missing = [
         n for n, f in known.items()
         if n not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
@@ -178,14 +178,27 @@ def _convert(annotation: Any, value: Any, path: str) -> Any:
 
 
 def to_dict(config: Any) -> dict:
-    """Plain-dict form of a config dataclass (JSON-serialisable)."""
+    """Plain-dict form of a config dataclass (JSON-serialisable); a component's resolved Params
+    instance becomes the mapping of its fields, as in the file."""
     return dataclasses.asdict(config)
 
 
+# A field's metadata key: the type ``from_dict`` reads the field's value as, where the field holds
+# something else afterwards (``params``: read as a mapping, resolved to its owner's Params).
+PARSED_AS = "parsed_as"
+
+
+def params_field() -> Any:
+    """A component's ``params``: a mapping as read from the file (checked as one by ``from_dict``),
+    replaced by its owner's ``Params`` instance when ``trainers.loading.resolve`` runs."""
+    return field(default_factory=dict, metadata={PARSED_AS: dict})
+
+
 # ---------------------------------------------------------------------------------------------
-# The tree. Model, dataset and algorithm parameters are free-form dicts here; they are resolved
-# against the owning component's own Params dataclass by `trainers.loading.resolve()`, so each
-# component keeps its defaults and checks next to its code.
+# The tree. Model, dataset and algorithm parameters are read as free-form mappings here; resolving
+# (`trainers.loading.resolve()`) replaces each by the owning component's own Params instance, so
+# each component keeps its defaults and checks next to its code and the parsed object travels
+# with the config (written back out by `to_dict` in the file's form).
 
 
 @dataclass
@@ -193,7 +206,7 @@ class ModelConfig:
     """Which network to train: a registry name from trainers.models and its parameters."""
 
     name: str = "mlp"
-    params: dict = field(default_factory=dict)
+    params: Any = params_field()  # the model's Params once resolved
 
 
 @dataclass
@@ -216,7 +229,7 @@ class DatasetConfig:
     alpha: float = 0.5
     test_fraction: float = 0.2
     max_test_samples: Optional[int] = None
-    params: dict = field(default_factory=dict)
+    params: Any = params_field()  # the dataset's Params once resolved
 
     def __post_init__(self) -> None:
         require_float("alpha", self.alpha, minimum=0.0, min_exclusive=True)
@@ -281,18 +294,18 @@ class AlgorithmConfig:
     """Distributed algorithm: a registry name from trainers.algorithms and its hyperparameters."""
 
     name: str = "sync"
-    params: dict = field(default_factory=dict)
+    params: Any = params_field()  # the algorithm's Params once resolved
 
 
 @dataclass
 class CommConfig:
     """Communication backend. gloo works for CPU and CUDA tensors (staged via CPU); nccl needs CUDA;
-    tcp (trainers/comm_tcp.py) survives a peer's crash and admits restarted ranks, for the
+    tcp (trainers/comm/tcp.py) survives a peer's crash and admits restarted ranks, for the
     crash-tolerant algorithms only."""
 
     backend: Literal["gloo", "nccl", "tcp"] = "gloo"
     timeout_s: float = 300.0
-    # Every algorithm's all-reduce (trainers/comm.py, Comm.allreduce_async): ours over
+    # Every algorithm's all-reduce (trainers/comm/, Comm.allreduce_async): ours over
     # point-to-point messages on background threads (auto: direct exchange for small payloads,
     # ring for large; ring; direct; recursive_doubling) or gloo, the backend's own collective (the
     # reference). nccl keeps its own collective under auto; tcp is always its crash-tolerant star.

@@ -15,7 +15,6 @@ WANBENCH_GPU_REASON; the ``start`` record's ``placement`` says what the rank got
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import os
 import platform
@@ -29,24 +28,20 @@ from typing import Callable, MutableMapping, Optional
 import torch
 
 from trainers import clock
-from trainers.algorithms import AlgorithmContext, get_algorithm
-from trainers.comm import Comm, PeerLost, ProcessKilled, TorchComm
-from trainers.config import (COMM_BACKEND_VARIABLE, GPU_REASON_VARIABLE, GPU_SHARED_BY_VARIABLE, Config,
-                             from_dict, require_choice, to_dict)
-from trainers.datasets import BatchSampler, load_dataset, shard_indices
+from trainers.algorithms import Algorithm, AlgorithmContext, get_algorithm
+from trainers.comm import Comm, PeerLost, ProcessKilled, TcpComm, TorchComm
+from trainers.config import COMM_BACKEND_VARIABLE, GPU_REASON_VARIABLE, GPU_SHARED_BY_VARIABLE, Config, to_dict  # noqa: F401
+from trainers.datasets import BatchSampler, DataBundle, load_dataset, shard_indices
 from trainers.padding import LayerPadding
 from trainers.launch import free_port
-from trainers.loading import check_comm_backend, uses_elastic_comm
+# COMM_BACKEND_VARIABLE, LAUNCHER_BACKENDS and with_launcher_backend are named here too (the harness's
+# tests read them from the runner, which reads the variable); the rule lives in loading.py
+from trainers.loading import LAUNCHER_BACKENDS, resolve, uses_elastic_comm, with_launcher_backend  # noqa: F401
 from trainers.models import build_model
 from trainers.records import RESOLVED_CONFIG_FILE, RecordWriter, write_json_atomic
 from trainers.snapshots import SnapshotSchedule, write_snapshot
 from trainers.stop import StopRequest, StopWatcher, stop_step_from_records, write_stop
 from trainers.training import loss_fn, lr_at
-
-
-# The backends a launcher may impose: the torch.distributed ones (tcp is the config's own choice,
-# tied to the algorithm's crash tolerance).
-LAUNCHER_BACKENDS = ("gloo", "nccl")
 
 
 @dataclass
@@ -70,7 +65,8 @@ def run(config: Config, comm_factory: Optional[Callable[[], Comm]] = None) -> Ru
 
     ``comm_factory``: the communication layer to use instead of the one the torchrun environment
     and the config name (a simulated run's ranks share one process: ``trainers.sim``); the rank,
-    world size and restart count (``generation``) are then the comm's.
+    world size and restart count (``generation``) are then the comm's. ``config`` is resolved
+    (``trainers.loading.load_config``); one built by hand is resolved here.
     """
     comm: Optional[Comm] = comm_factory() if comm_factory is not None else None
     if comm is None:
@@ -83,6 +79,7 @@ def run(config: Config, comm_factory: Optional[Callable[[], Comm]] = None) -> Ru
     output_dir = Path(config.output_dir)
     writer = RecordWriter(output_dir, rank, append=restarts > 0)  # a restarted rank adds to its records
     try:
+        config = resolve(config)  # a loaded config's Params pass through as they are
         requested_backend = config.comm.backend
         if comm_factory is None:
             config = with_launcher_backend(config, os.environ)
@@ -139,30 +136,10 @@ def max_rss_mib() -> float:
 
 
 def _make_comm(config: Config, device: torch.device) -> Comm:
-    """The configured communication layer (the elastic one only for a crash-tolerant algorithm)."""
-    if not uses_elastic_comm(config):
-        return TorchComm(config.comm.backend, config.comm.timeout_s, device, config.comm.allreduce)
-    check_comm_backend(config)  # load_config checked it; a Config built by hand may not be
-    from trainers.comm_tcp import TcpComm
-
-    return TcpComm(config.comm.timeout_s, device)
-
-
-def with_launcher_backend(config: Config, env) -> Config:
-    """``config`` with the comm backend a launcher imposed (``WANBENCH_COMM_BACKEND``), else itself.
-
-    The wanbench harness sets it to gloo when a job that asked for nccl has more ranks than GPUs:
-    NCCL needs a GPU per rank, gloo takes CUDA tensors (staged through the CPU by the comm layer).
-    The resolved config rank 0 writes then names the backend that ran.
-    """
-    backend = env.get(COMM_BACKEND_VARIABLE)
-    if not backend or backend == config.comm.backend:
-        return config
-    require_choice(COMM_BACKEND_VARIABLE, backend, LAUNCHER_BACKENDS)
+    """The communication layer of ``config``'s backend (decided by ``with_launcher_backend``)."""
     if uses_elastic_comm(config):
-        # the elastic comm is the algorithm's crash tolerance, not a transport to swap
-        raise RuntimeError(f"{COMM_BACKEND_VARIABLE}={backend} cannot replace comm.backend tcp")
-    return dataclasses.replace(config, comm=dataclasses.replace(config.comm, backend=backend))
+        return TcpComm(config.comm.timeout_s, device)
+    return TorchComm(config.comm.backend, config.comm.timeout_s, device, config.comm.allreduce)
 
 
 def _device(config: Config) -> torch.device:
@@ -203,7 +180,32 @@ def _placement(device: torch.device, requested_backend: str, backend: str, env) 
     return placement
 
 
-def _train(config: Config, comm: TorchComm, writer: RecordWriter, device: torch.device) -> RunResult:
+@dataclass
+class _Training:
+    """What a rank trains with, built by :func:`_build_training`.
+
+    Args:
+        data: the dataset (every rank loads all of it; ``sampler`` draws this rank's shard).
+        sampler: this rank's batches.
+        model: the local model (the algorithm holds it too).
+        algorithm: set up, or rejoined and admitted.
+        membership: the live ranks, agreed at eval points on an elastic comm.
+        first_step: the step to train first (after the admission step for a rejoined rank).
+    """
+
+    data: DataBundle
+    sampler: BatchSampler
+    model: torch.nn.Module
+    algorithm: Algorithm
+    membership: "_Membership"
+    first_step: int
+
+
+def _build_training(config: Config, comm: Comm, writer: RecordWriter, device: torch.device) -> Optional[_Training]:
+    """Set up this rank's training: seeds, data (and its ``data`` record), shard, model (on the
+    clock and padded), the algorithm with its optimizer, and admission for a restarted rank on an
+    elastic comm; then the ``output`` record. None when the job ended before a restarted rank was
+    admitted."""
     rank, world_size = comm.rank, comm.world_size
     torch.manual_seed(config.seed * 1000 + rank)  # per-rank randomness (dropout); init is seeded below
     data = load_dataset(config.dataset, config.seed)
@@ -219,13 +221,11 @@ def _train(config: Config, comm: TorchComm, writer: RecordWriter, device: torch.
     if config.pad_layers:  # also before them: a gradient is padded before an algorithm sends it
         LayerPadding(model, config.min_compute_s)
 
-    algorithm_cls = get_algorithm(config.algorithm.name)
-    params = from_dict(algorithm_cls.Params, config.algorithm.params, "algorithm.params")
     context = AlgorithmContext(
         model=model, comm=comm, loss_fn=loss_fn, optimizer=config.optimizer, lr=config.lr, device=device,
         min_compute_s=config.min_compute_s,
     )
-    algorithm = algorithm_cls(params, context)
+    algorithm = get_algorithm(config.algorithm.name)(config.algorithm.params, context)
     membership = _Membership(comm, writer)
     first_step = 0
     if comm.elastic and comm.generation > 0:
@@ -233,27 +233,36 @@ def _train(config: Config, comm: TorchComm, writer: RecordWriter, device: torch.
         algorithm.setup()
         admitted_at = membership.await_admission(algorithm)
         if admitted_at is None:
-            return RunResult(steps=0, stop_reason="ended_before_rejoin")
+            return None
         first_step = admitted_at + 1
     else:
         algorithm.setup()
-
-    bytes_sent_total = bytes_recv_total = 0
     output = algorithm.output_state()
     writer.write("output", role=output.role if output is not None else None)  # what this rank snapshots
+    return _Training(data, sampler, model, algorithm, membership, first_step)
+
+
+def _train(config: Config, comm: Comm, writer: RecordWriter, device: torch.device) -> RunResult:
+    """The step loop: train, poll the STOP file, record each step, snapshot at eval points, agree
+    on the membership on an elastic comm."""
+    training = _build_training(config, comm, writer, device)
+    if training is None:
+        return RunResult(steps=0, stop_reason="ended_before_rejoin")
+    data, sampler, algorithm = training.data, training.sampler, training.algorithm
+    totals = _ByteTotals()
     schedule = SnapshotSchedule(config.eval_every, config.eval_every_s)
     stop = _StopControl(config, comm, writer)
     end = config.steps
     stop_reason = "steps"
-    step = first_step
+    step = training.first_step
     clock.training_starts()  # a simulated rank may be held here to its start-up offset
     train_start = writer.clock()
-    for step in range(first_step, config.steps):
+    for step in range(training.first_step, config.steps):
         lr = lr_at(step, config.lr, config.lr_schedule, config.steps)
         algorithm.set_lr(lr)
         indices = sampler.next_indices()
         batch = (data.inputs(data.train_x[indices].to(device)), data.train_y[indices].to(device))
-        sent_0, recv_0, blocked_0 = comm.stats.snapshot()
+        before = comm.stats.snapshot()
         step_start = clock.perf_counter()
         result = algorithm.train_step(step, batch)
         clock.step_done()
@@ -266,36 +275,52 @@ def _train(config: Config, comm: TorchComm, writer: RecordWriter, device: torch.
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # so step_s includes the GPU work launched this step
         step_s = clock.perf_counter() - step_start
-        sent_1, recv_1, blocked_1 = comm.stats.snapshot()
-        blocked = blocked_1 - blocked_0 if algorithm.measures_blocked_time else None
-        bytes_sent_total += sent_1 - sent_0
-        bytes_recv_total += recv_1 - recv_0
-        writer.write(
-            "step",
-            step=step,
-            epoch=sampler.epoch_float,
-            loss=result.loss,
-            lr=lr,
-            step_s=step_s,
-            compute_s=step_s - blocked if blocked is not None else None,
-            compute_unpadded_s=algorithm.compute_unpadded_s,  # forward + backward before a profile's padding
-            comm_blocked_s=blocked,
-            bytes_sent=sent_1 - sent_0,
-            bytes_recv=recv_1 - recv_0,
-            bytes_sent_total=bytes_sent_total,
-            bytes_recv_total=bytes_recv_total,
-            staleness=result.staleness,
-        )
+        _write_step(writer, totals, step, sampler.epoch_float, lr, step_s, result, algorithm, before,
+                    comm.stats.snapshot())
         eval_index = schedule.index_at(step, writer.clock(), last)
         if eval_index is not None:
             _snapshot(algorithm, writer, config.output_dir, comm.rank, eval_index, step, train_start)
         if comm.elastic and ((step + 1) % config.eval_every == 0 or last):
-            membership.agree(algorithm, step)
+            training.membership.agree(algorithm, step)
         if last:
             break
     if config.save_final_model:
-        torch.save(model.state_dict(), Path(config.output_dir) / f"rank{rank}_final.pt")
+        torch.save(training.model.state_dict(), Path(config.output_dir) / f"rank{comm.rank}_final.pt")
     return RunResult(steps=step + 1, stop_reason=stop_reason, stop_step_passed=stop.passed)
+
+
+@dataclass
+class _ByteTotals:
+    """Bytes this rank's steps sent and received so far (the step records' ``*_total``)."""
+
+    sent: int = 0
+    recv: int = 0
+
+
+def _write_step(writer: RecordWriter, totals: _ByteTotals, step: int, epoch: float, lr: float, step_s: float,
+                result, algorithm: Algorithm, before: tuple[int, int, float], after: tuple[int, int, float]) -> None:
+    """One ``step`` record; ``before`` and ``after``: the comm's (sent, received, blocked_s)
+    around the step."""
+    sent, recv = after[0] - before[0], after[1] - before[1]
+    blocked = after[2] - before[2] if algorithm.measures_blocked_time else None
+    totals.sent += sent
+    totals.recv += recv
+    writer.write(
+        "step",
+        step=step,
+        epoch=epoch,
+        loss=result.loss,
+        lr=lr,
+        step_s=step_s,
+        compute_s=step_s - blocked if blocked is not None else None,
+        compute_unpadded_s=algorithm.compute_unpadded_s,  # forward + backward before a profile's padding
+        comm_blocked_s=blocked,
+        bytes_sent=sent,
+        bytes_recv=recv,
+        bytes_sent_total=totals.sent,
+        bytes_recv_total=totals.recv,
+        staleness=result.staleness,
+    )
 
 
 def _snapshot(algorithm, writer: RecordWriter, output_dir: str, rank: int, eval_index: int, step: int,
@@ -351,7 +376,7 @@ class _StopControl:
 
 
 class _Membership:
-    """Which ranks take part, agreed at eval points on an elastic comm (see comm_tcp).
+    """Which ranks take part, agreed at eval points on an elastic comm (see trainers/comm/tcp.py).
 
     This is control traffic, not evaluation: rank 0 (the coordinator) sends every live rank one
     small message per eval point (the step, and per rank 0 (not live) or 1 + the generation of its

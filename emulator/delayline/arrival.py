@@ -105,6 +105,12 @@ class ArrivalTap:
         self._waits: list[int] = []   # read time - arrival (ns): how long frames waited for the loop
         self._next = 0
 
+    @property
+    def waits(self) -> list[int]:
+        """The latest frames' waits for the loop (ns, read time - arrival; up to SAMPLES of them,
+        in no order). The list itself, for reading only: the tap keeps writing into it."""
+        return self._waits
+
     def close(self) -> None:
         self.sock.close()
 
@@ -162,7 +168,7 @@ def open_tap(device: str) -> Optional[ArrivalTap]:
 def tap_counters(taps: list[Optional[ArrivalTap]]) -> dict:
     """The counters file's `arrival` section: how many frames got kernel stamps, and their wait."""
     live = [t for t in taps if t is not None]
-    waits = [w for t in live for w in t._waits]
+    waits = [w for t in live for w in t.waits]
     return {
         "kernel_stamps": len(live) == len(taps) and bool(taps),
         "stamped": sum(t.stamped for t in live),

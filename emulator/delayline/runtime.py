@@ -486,7 +486,7 @@ class DelayLine:
         wait = select.select
         scheduler = self.scheduler
         offer = scheduler.offer
-        heap = scheduler._heap  # read-only peeks at the earliest delivery; pop_due does the popping
+        heap = scheduler.deliveries  # read-only peeks at the earliest delivery; pop_due does the popping
         deliver_due = self._deliver_due
         fds = self.fds
         taps = self.taps if any(self.taps) else None

@@ -167,6 +167,13 @@ class Scheduler:
             due.append((delivery, destination, packet))
         return due
 
+    @property
+    def deliveries(self) -> list:
+        """The pending deliveries, a heap of (delivery_ns, sequence, destination, packet): the list
+        itself, for a hot loop's read-only peeks at ``deliveries[0][0]`` without a call per
+        packet; only :meth:`offer` and :meth:`pop_due` change it."""
+        return self._heap
+
     def pending(self) -> int:
         """Packets on their way (accepted, not yet popped)."""
         return len(self._heap)

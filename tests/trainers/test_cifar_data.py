@@ -99,7 +99,7 @@ def test_cifar10_falls_back_to_generated_images_when_asked_and_says_so(tmp_path)
     # the resolved config shows the generator's settings the fallback would use
     config = load_config({"output_dir": "x", "model": {"name": "resnet20"},
                           "dataset": {"name": "cifar10", "params": {"fallback": "generated"}}})
-    assert config.dataset.params["generated"]["n_train"] == 50_000
+    assert config.dataset.params.generated.n_train == 50_000
 
 
 def _write_cifar_batches(folder, images_per_batch: int = 4) -> np.ndarray:

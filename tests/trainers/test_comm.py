@@ -72,3 +72,47 @@ def test_ring_all_reduce_equals_all_reduce_on_three_ranks(spawn_ranks, tmp_path)
             if row["numel"] == 100_003:
                 # Two passes of n-1 = 2 chunks of about numel/3 floats each.
                 assert abs(row["ring_bytes"] - 4 * 100_003 * 4 / 3) <= 16, row
+
+
+class LaunchOnly(Comm):
+    """A comm that overrides only ``_launch`` of the all-reduce template (as the simulator's does):
+    it records each launch and sums nothing (the tensor comes back as it was)."""
+
+    def __init__(self, rank: int, world_size: int, allreduce: str = "auto"):
+        super().__init__(rank, world_size, allreduce)
+        self.launches: list[tuple[str, str, int]] = []
+
+    def _launch(self, tensor, op, algorithm, tag):
+        self.launches.append((op, algorithm, tag))
+        return (lambda: tensor), (lambda: True)
+
+    # the collective hooks: not reached by allreduce_async unless it takes the backend's own
+    _all_reduce = _broadcast = _all_gather = _isend = _irecv = _barrier = None
+
+
+def test_allreduce_async_is_a_template_whose_exchange_is_the_launch_hook():
+    from trainers.comm import allreduce_bytes
+
+    comm = LaunchOnly(rank=1, world_size=4)
+    small, large = torch.ones(8), torch.ones(8 * 2**20)  # 32 B and 32 MiB: direct and ring under auto
+    assert comm.allreduce_async(small, op="avg").wait() is small
+    comm.allreduce_async(large).wait()
+    comm.allreduce_async(small, algorithm="recursive_doubling").wait()
+    # the template resolved auto by size, and gave each launch the next message tag
+    assert comm.launches == [("avg", "direct", 0), ("sum", "ring", 1), ("sum", "recursive_doubling", 2)]
+    expected = [allreduce_bytes(a, 1, 4, t) for a, t in (("direct", small), ("ring", large),
+                                                           ("recursive_doubling", small))]
+    per_op = comm.stats.per_op["all_reduce"]
+    assert per_op.calls == 3
+    assert (per_op.bytes_sent, per_op.bytes_recv) == tuple(map(sum, zip(*expected)))
+    with pytest.raises(ValueError, match="op: 'prod'"):
+        comm.allreduce_async(small, op="prod")  # the template's checks, before any launch
+    assert len(comm.launches) == 3
+
+
+def test_the_simulators_comm_overrides_the_launch_hook_alone():
+    from trainers.sim.comm import SimComm
+
+    assert "allreduce_async" not in vars(SimComm)
+    assert SimComm.allreduce_async is Comm.allreduce_async
+    assert SimComm._launch is not Comm._launch

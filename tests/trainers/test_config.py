@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from trainers.config import ConfigError
+from trainers.config import ConfigError, to_dict
 from trainers.loading import load_config
 
 
@@ -56,17 +56,18 @@ def test_missing_output_dir_is_named():
 
 def test_defaults_are_resolved_into_params():
     config = load_config(base(algorithm={"name": "diloco", "params": {"H": 5}}))
-    assert config.algorithm.params == {
+    written = to_dict(config)  # what config.resolved.json holds
+    assert written["algorithm"]["params"] == {
         "H": 5, "outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True, "collective": "allreduce",
     }
-    assert config.model.params == {"hidden_sizes": [64]}
+    assert written["model"]["params"] == {"hidden_sizes": [64]}
 
 
 def test_overrides_and_yaml_file(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("output_dir: out\nalgorithm: {name: local_sgd}\n")
     config = load_config(path, {"algorithm.params.H": 8, "steps": 7})
-    assert config.algorithm.params["H"] == 8 and config.steps == 7
+    assert config.algorithm.params.H == 8 and config.steps == 7
 
 
 def test_cli_check_prints_resolved_config_and_rejects_bad_files(tmp_path):
@@ -113,3 +114,38 @@ def test_config_error_has_the_emulators_shape(field, message, source):
     for ours, theirs in pairs:
         assert type(ours) is ConfigError and shape(ours) == shape(theirs)
         assert "\n" not in str(ours) and "\t" not in str(ours)
+
+
+def test_params_are_parsed_once_and_written_back_in_the_files_form():
+    from trainers.algorithms.local_sgd import LocalSGDParams
+    from trainers.loading import resolve
+
+    config = load_config(base(algorithm={"name": "local_sgd", "params": {"H": 3}}))
+    assert isinstance(config.algorithm.params, LocalSGDParams) and config.algorithm.params.H == 3
+    again = resolve(config)  # what the runner does with a loaded config: the Params pass through
+    assert again.algorithm.params is config.algorithm.params and again.model.params is config.model.params
+    written = to_dict(config)
+    assert written["algorithm"]["params"]["H"] == 3 and isinstance(written["algorithm"]["params"], dict)
+    assert to_dict(load_config(json.loads(json.dumps(written)))) == written  # config.resolved.json loads back
+
+
+def test_params_must_be_a_mapping_where_they_are_read():
+    with pytest.raises(ConfigError, match=r"^algorithm.params: must be a mapping, got 5$"):
+        load_config(base(algorithm={"name": "sync", "params": 5}))
+    with pytest.raises(ConfigError, match=r"^model.params: must be a mapping, got None$"):
+        load_config(base(model={"name": "mlp", "params": None}))
+
+
+def test_the_backend_a_rank_runs_is_decided_in_one_place():
+    from trainers.config import COMM_BACKEND_VARIABLE
+    from trainers.loading import comm_backend_to_run, with_launcher_backend
+
+    gloo = load_config(base())
+    assert comm_backend_to_run(gloo, {}) == "gloo"
+    assert comm_backend_to_run(gloo, {COMM_BACKEND_VARIABLE: "nccl"}) == "nccl"
+    assert with_launcher_backend(gloo, {COMM_BACKEND_VARIABLE: "gloo"}) is gloo
+    with pytest.raises(ConfigError, match=f"^{COMM_BACKEND_VARIABLE}: must be one of"):
+        comm_backend_to_run(gloo, {COMM_BACKEND_VARIABLE: "tcp"})
+    elastic = load_config(base(algorithm={"name": "async_ps"}, comm={"backend": "tcp"}))
+    with pytest.raises(RuntimeError, match="cannot replace comm.backend tcp"):
+        comm_backend_to_run(elastic, {COMM_BACKEND_VARIABLE: "gloo"})

@@ -39,7 +39,7 @@ def _env(rank: int, world_size: int, port: int, restarts: int = 0) -> dict:
 TRANSPORT_SCRIPT = textwrap.dedent("""
     import json, os, sys, torch
     from trainers.comm import PeerLost
-    from trainers.comm_tcp import TcpComm
+    from trainers.comm.tcp import TcpComm
     out = {}
     comm = TcpComm(timeout_s=30)
     rank, world = comm.rank, comm.world_size
@@ -242,7 +242,7 @@ def test_tcp_backend_is_refused_for_an_algorithm_built_on_collectives(tmp_path):
 
 
 def test_rank0_cannot_rejoin():
-    from trainers.comm_tcp import TcpComm
+    from trainers.comm.tcp import TcpComm
 
     env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1",
            "TORCHELASTIC_RESTART_COUNT": "1"}

@@ -87,10 +87,10 @@ class AnsweringPeer(HeldComm):
         super().__init__(world_size=2)
         self.pushes_received = 0
 
-    def _isend_background(self, tensor, dst, tag):
+    def tagged_isend(self, tensor, dst, tag):
         return (lambda: None), (lambda: True)
 
-    def _irecv_background(self, buffer, src, tag):
+    def tagged_irecv(self, buffer, src, tag):
         step, self.pushes_received = self.pushes_received, self.pushes_received + 1
 
         def wait():

@@ -145,7 +145,7 @@ def test_registered_and_resolved_through_the_config():
     config = load_config({
         "output_dir": "/tmp/unused", "algorithm": {"name": "quantized", "params": {"base": "local_sgd", "compressor": "topk"}},
     })
-    assert config.algorithm.params["H"] == 4 and config.algorithm.params["ratio"] == 0.01
+    assert config.algorithm.params.H == 4 and config.algorithm.params.ratio == 0.01
     with pytest.raises(ConfigError, match=r"^algorithm.params.chunk_size: is not a parameter"):
         load_config({"output_dir": "/tmp/unused", "algorithm": {"name": "quantized", "params": {"chunk_size": 8}}})
 

@@ -1,4 +1,4 @@
-"""MessageStreams (trainers/comm.py): keyed messages between every pair of ranks, sent one at a
+"""MessageStreams (trainers/comm/streams.py): keyed messages between every pair of ranks, sent one at a
 time per destination in priority or FIFO order; on the threaded driver gloo's comm uses (with a
 transport the test holds) and on the simulator's; the comms that cannot carry them say so."""
 
@@ -12,7 +12,7 @@ import torch
 
 from emulator.simnet import FluidNetwork
 from trainers.comm import Comm, MessageStreams, TorchComm
-from trainers.comm_tcp import TcpComm
+from trainers.comm.tcp import TcpComm
 from trainers.sim import ComputeModel, SimComm, Simulator
 
 
@@ -24,10 +24,10 @@ class HeldComm(Comm):
         super().__init__(rank=0, world_size=world_size)
         self.released = threading.Semaphore(0)
 
-    def _isend_background(self, tensor, dst, tag):
+    def tagged_isend(self, tensor, dst, tag):
         return (lambda: self.released.acquire(timeout=10) or pytest.fail("never released")), (lambda: False)
 
-    def _irecv_background(self, tensor, src, tag):
+    def tagged_irecv(self, tensor, src, tag):
         raise NotImplementedError
 
     def _all_reduce(self, tensor, op):
@@ -80,7 +80,7 @@ def test_a_message_built_in_place_is_sent_as_it_is():
     handed = []
 
     class Recording(HeldComm):
-        def _isend_background(self, tensor, dst, tag):
+        def tagged_isend(self, tensor, dst, tag):
             handed.append(tensor)
             return (lambda: None), (lambda: True)
 
@@ -152,11 +152,11 @@ def test_on_the_simulator_the_receiver_gets_them_in_the_order_sent(order, expect
 
 def test_comms_without_tagged_messages_are_refused_by_name():
     with pytest.raises(NotImplementedError, match="TcpComm has no tagged point-to-point messages"):
-        TcpComm._stream_driver(object.__new__(TcpComm))
+        TcpComm.stream_driver(object.__new__(TcpComm))
     nccl = object.__new__(TorchComm)
     nccl.backend = "nccl"
     with pytest.raises(NotImplementedError, match="NCCL does not allow"):
-        nccl._stream_driver()
+        nccl.stream_driver()
 
 
 

@@ -255,8 +255,8 @@ def overlap_worker(rank: int, world_size: int, port: int, out_dir: str, one_way_
         """Every background receive completes no earlier than ``one_way_delay_s`` after it was
         posted (receives posted together wait together, as on a WAN)."""
 
-        def _irecv_background(self, tensor, src, tag):
-            wait_fn, poll_fn = super()._irecv_background(tensor, src, tag)
+        def tagged_irecv(self, tensor, src, tag):
+            wait_fn, poll_fn = super().tagged_irecv(tensor, src, tag)
             arrives = time.perf_counter() + one_way_delay_s
 
             def delayed_wait():

@@ -76,12 +76,13 @@ class SimClock:
         """A rank's process was replaced: what its killed predecessor charged is no one's."""
         self._charged.pop(rank, None)
 
-    def _compute_s(self, rank: int) -> float:
+    def compute_s(self, rank: int) -> float:
+        """``rank``'s forward + backward time by the compute model (s), its straggler factor applied."""
         return self.sim.compute.forward_backward_s * self.sim.compute_factor.get(rank, 1.0)
 
     def compute_done(self, started: float) -> float:
         rank = self.sim.rank
-        total = self._compute_s(rank)
+        total = self.compute_s(rank)
         self.sim.sleep(total - self._charged.pop(rank, 0.0))
         return total
 
@@ -98,11 +99,15 @@ class SimClock:
         from its hooks overlaps the rest of the pass: see :class:`_ComputeSpread`."""
         _ComputeSpread(self, model)
 
+    def charged_s(self, rank: int) -> float:
+        """What ``rank`` has spent of its current forward + backward so far (s)."""
+        return self._charged.get(rank, 0.0)
+
     def charge(self, seconds: float) -> None:
         """Spend ``seconds`` of this rank's forward + backward now (never more than it has left)."""
         rank = self.sim.rank
         already = self._charged.get(rank, 0.0)
-        spend = min(seconds, self._compute_s(rank) - already)
+        spend = min(seconds, self.compute_s(rank) - already)
         self._charged[rank] = already + spend
         self.sim.sleep(spend)
 
@@ -133,7 +138,7 @@ class _ComputeSpread:
         if not self.estimated:
             self.macs[index] += layer_macs(module, params, output)
         elif sum(self.macs):
-            compute = self.clock._compute_s(self.clock.sim.rank)
+            compute = self.clock.compute_s(self.clock.sim.rank)
             fraction = layer_macs(module, params, output) / sum(self.macs)
             self.clock.charge(self.clock.sim.compute.forward_fraction * compute * fraction)
 
@@ -141,9 +146,9 @@ class _ComputeSpread:
         if not self.estimated:
             self._estimate()
         rank = self.clock.sim.rank
-        compute = self.clock._compute_s(rank)
+        compute = self.clock.compute_s(rank)
         forward = self.clock.sim.compute.forward_fraction
-        first = self.clock._charged.get(rank, 0.0) == 0.0  # the forward was not charged layer by layer
+        first = self.clock.charged_s(rank) == 0.0  # the forward was not charged layer by layer
         self.clock.charge((forward * compute if first else 0.0) + (1 - forward) * compute * self.share[id(param)])
 
     def _estimate(self) -> None:

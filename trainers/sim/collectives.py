@@ -1,6 +1,6 @@
 """When each rank finishes a collective, from when each entered it: closed-form models over the
 network's per-pair one-way delay ``lat[src, dst]`` (s) and single-flow rate ``rate[src, dst]``
-(bytes/s), following the message pattern of the comm layer's own algorithms (trainers/comm.py).
+(bytes/s), following the message pattern of the comm layer's own algorithms (trainers/comm/allreduce.py).
 
 Every message moves as gloo's transport moves it (see ``trainers.sim.comm.Exchange``): once the
 sender has both posted it and heard that the receiver posted its receive, i.e. from
@@ -79,7 +79,7 @@ def direct(entered: np.ndarray, network, nbytes: float) -> np.ndarray:
 
 def recursive_doubling(entered: np.ndarray, network, nbytes: float) -> np.ndarray:
     """log2(n) rounds of whole-tensor exchange with rank ^ 2^k; extra ranks fold in first and get
-    the result back at the end (trainers/comm.py ``_recursive_doubling``)."""
+    the result back at the end (trainers/comm/allreduce.py ``recursive_doubling``)."""
     lat, rate, _ = _rates(network)
     n = len(entered)
     done = entered.astype(float).copy()

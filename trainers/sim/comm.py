@@ -19,7 +19,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from trainers.comm import COMBINE, STREAM_TAG, Comm, Work, allreduce_bytes, tensor_nbytes
+from trainers.comm import COMBINE, STREAM_TAG, Comm, tensor_nbytes
 
 from . import collectives
 from .engine import Completion, Simulator
@@ -324,7 +324,7 @@ class SimComm(Comm):
         self.exchange.post(self.rank, receive)
         return (lambda: (self.sim.wait(receive.done), receive.source)[1]), (lambda: self._poll(receive.done))
 
-    def _stream_driver(self) -> SimStreamDriver:
+    def stream_driver(self) -> SimStreamDriver:
         return SimStreamDriver(self)
 
     # -- collectives -----------------------------------------------------------------------------
@@ -350,18 +350,11 @@ class SimComm(Comm):
         # gloo's own all_reduce, modelled as the bandwidth-optimal ring
         return self._reduce(tensor, op, "ring")
 
-    def allreduce_async(self, tensor: torch.Tensor, op: str = "sum", algorithm: Optional[str] = None) -> Work:
-        """As :meth:`Comm.allreduce_async`, the same algorithm chosen, its time from the collective
-        model instead of background threads."""
-        algorithm = self._allreduce_algorithm_for(tensor, op, algorithm)
-        if algorithm == "gloo":
-            return self.all_reduce(tensor, op, async_op=True)
-        n = self.world_size
-        if n == 1:
-            return self._run("all_reduce", 0, 0, True, lambda: ((lambda: tensor), (lambda: True)))
-        sent, recv = allreduce_bytes(algorithm, self.rank, n, tensor.view(-1))
-        self._launched += 1
-        return self._run("all_reduce", sent, recv, True, lambda: self._reduce(tensor, op, algorithm))
+    def _launch(self, tensor: torch.Tensor, op: str, algorithm: str, tag: int):
+        """:meth:`Comm.allreduce_async`'s exchange: the same algorithm, its time from the collective
+        model instead of background threads (``tag`` is not needed: collectives are matched by
+        their order)."""
+        return self._reduce(tensor, op, algorithm)
 
     def _broadcast(self, tensor, src):
         def write(value):

@@ -1,4 +1,4 @@
-"""``ElasticSimComm``: the elastic comm (``trainers.comm_tcp.TcpComm``) on the simulator's network
+"""``ElasticSimComm``: the elastic comm (``trainers.comm.tcp.TcpComm``) on the simulator's network
 and clock, for the jobs that run on it on tun (a crash-tolerant algorithm in a scenario that
 crashes nodes: ``trainers.loading.uses_elastic_comm``).
 
@@ -41,7 +41,7 @@ from typing import Optional
 import torch
 
 from trainers.comm import PeerLost, tensor_nbytes
-from trainers.comm_tcp import COORDINATOR, StarCollectives
+from trainers.comm.tcp import COORDINATOR, StarCollectives
 
 from .engine import Completion, Simulator
 

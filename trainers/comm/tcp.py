@@ -47,7 +47,8 @@ from typing import Callable, Optional
 
 import torch
 
-from trainers.comm import COMBINE, Comm, PeerLost, ReduceOp, Work, require_torchrun_env, tensor_nbytes
+from .allreduce import COMBINE, ReduceOp, tensor_nbytes
+from .base import Comm, PeerLost, Work, require_torchrun_env
 
 MAGIC = b"WBT1"
 # magic, frame kind, generation (HELLO) or 0, payload bytes

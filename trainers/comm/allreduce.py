@@ -1,0 +1,153 @@
+"""The all-reduce algorithms of :meth:`Comm.allreduce_async <trainers.comm.base.Comm.allreduce_async>`,
+over point-to-point messages: ring, direct exchange, recursive doubling, and ``auto``'s choice
+between the first two by size (:data:`DIRECT_MAX_BYTES`).
+
+Each algorithm is a function of the flat tensor, the reduce op, this rank, the world size and an
+``exchange(sends, receives)`` that posts every receive and send of one round and waits for all of
+them (the comm binds it to the all-reduce's message tag); it runs on a background thread.
+Results are bitwise equal on every rank: chunks and parts are combined in a fixed order.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Literal
+
+import torch
+
+ReduceOp = Literal["sum", "avg", "max", "min"]
+AllReduceAlgorithm = Literal["auto", "ring", "direct", "recursive_doubling", "gloo"]
+ALLREDUCE_ALGORITHMS = ("auto", "ring", "direct", "recursive_doubling", "gloo")
+# ``auto`` uses the direct exchange while (world - 1) x tensor bytes (what one rank sends) is at
+# most this, and the ring above it. Direct costs about one one-way delay L plus (n-1) S / B of
+# sending, the ring 2(n-1) L plus 2(n-1)/n S / B: direct wins while (n-1)(1 - 2/n) S < (2n-3) L B.
+# With L = 100 ms, B = 1 Gbit/s, n = 4 that is S < 42 MB, i.e. (n-1) S < 125 MB. Measured on the
+# emulated aws-4region WAN (one-way 34-108 ms, 1 Gbit/s per pair, 4 ranks; docs/RESULTS.md,
+# bench/bench_allreduce.py): direct is faster than the ring up to 16 MB tensors (0.62x), a tie at
+# 32 MB (0.80x and 1.07x in two runs), slower at 64 MB (1.67x): the crossover is ~32 MB per tensor,
+# (n-1) S ~ 96 MB (the delay line's CPU makes extra bytes dearer than the model says). 64 MiB
+# switches to the ring at ~22 MB per tensor for 4 ranks, on the safe side of the tie.
+DIRECT_MAX_BYTES = 64 * 2**20
+# Background all-reduces run at once (more wait for a thread, started in launch order), and the
+# number of distinct message tags they cycle through (far more than can be in flight).
+BACKGROUND_THREADS = 4
+BACKGROUND_TAGS = 1024
+
+# One round of messages: (tensor, peer) to send, (tensor, peer) to receive into; returns when all are done.
+Exchange = Callable[[list[tuple[torch.Tensor, int]], list[tuple[torch.Tensor, int]]], None]
+
+
+def _max_(target: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    return torch.maximum(target, other, out=target)
+
+
+def _min_(target: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    return torch.minimum(target, other, out=target)
+
+
+# In-place combination of a received chunk into the local one, per reduce op ("avg": sum, then divide).
+COMBINE = {"sum": torch.Tensor.add_, "avg": torch.Tensor.add_, "max": _max_, "min": _min_}
+
+
+def tensor_nbytes(tensor: torch.Tensor) -> int:
+    """Bytes of ``tensor``'s elements: what sending it puts on the wire (payload, no framing)."""
+    return tensor.numel() * tensor.element_size()
+
+
+def resolve_algorithm(requested: str, tensor: torch.Tensor, op: str, world_size: int) -> str:
+    """The all-reduce to run for ``tensor``: ``requested``, with ``auto`` resolved by size (see
+    :data:`DIRECT_MAX_BYTES`). Checks the arguments."""
+    if requested not in ALLREDUCE_ALGORITHMS:
+        raise ValueError(f"algorithm: {requested!r} is not one of {ALLREDUCE_ALGORITHMS}")
+    if op not in COMBINE:
+        raise ValueError(f"op: {op!r} is not one of {tuple(COMBINE)}")
+    if requested == "gloo":
+        return requested
+    if not tensor.is_contiguous():
+        raise ValueError("allreduce_async: tensor must be contiguous")
+    if requested == "auto":
+        return "direct" if (world_size - 1) * tensor_nbytes(tensor) <= DIRECT_MAX_BYTES else "ring"
+    return requested
+
+
+def allreduce_bytes(algorithm: str, rank: int, n: int, flat: torch.Tensor) -> tuple[int, int]:
+    """(bytes sent, bytes received) by ``rank`` in one background all-reduce of ``flat``: exactly
+    the tensors it puts on and takes off the transport."""
+    size = flat.element_size()
+    if algorithm == "ring":
+        chunk = [c.numel() * size for c in torch.tensor_split(flat, n)]
+        sent = sum(chunk[(rank - step) % n] + chunk[(rank - step + 1) % n] for step in range(n - 1))
+        recv = sum(chunk[(rank - step - 1) % n] + chunk[(rank - step) % n] for step in range(n - 1))
+        return sent, recv
+    whole = flat.numel() * size
+    if algorithm == "direct":
+        return (n - 1) * whole, (n - 1) * whole
+    power = 1 << (n.bit_length() - 1)
+    if rank >= power:
+        return whole, whole
+    rounds = power.bit_length() - 1
+    folded = 1 if rank < n - power else 0
+    return (rounds + folded) * whole, (rounds + folded) * whole
+
+
+def ring(flat: torch.Tensor, op: ReduceOp, rank: int, n: int, exchange: Exchange) -> None:
+    """Reduce-scatter then all-gather around the ring: each rank sends 2(n-1)/n of the tensor in
+    2(n-1) steps (bandwidth-optimal)."""
+    chunks = list(torch.tensor_split(flat, n))
+    right, left = (rank + 1) % n, (rank - 1) % n
+    combine = COMBINE[op]
+    scratch = torch.empty_like(chunks[0])
+    for step in range(n - 1):  # reduce-scatter: rank r ends owning the reduced chunk r+1
+        send_index, recv_index = (rank - step) % n, (rank - step - 1) % n
+        incoming = scratch[: chunks[recv_index].numel()]
+        exchange([(chunks[send_index], right)], [(incoming, left)])
+        combine(chunks[recv_index], incoming)
+    for step in range(n - 1):  # all-gather: pass the reduced chunks around the ring
+        send_index, recv_index = (rank - step + 1) % n, (rank - step) % n
+        exchange([(chunks[send_index], right)], [(chunks[recv_index], left)])
+    if op == "avg":
+        flat.div_(n)
+
+
+def direct(flat: torch.Tensor, op: ReduceOp, rank: int, n: int, exchange: Exchange) -> None:
+    """Every rank sends its tensor to every other and sums all n in rank order: one one-way delay,
+    (n-1) tensors sent."""
+    peers = [r for r in range(n) if r != rank]
+    parts = {r: torch.empty_like(flat) for r in peers}
+    parts[rank] = flat.clone()
+    exchange([(parts[rank], r) for r in peers], [(parts[r], r) for r in peers])
+    flat.copy_(parts[0])
+    for r in range(1, n):  # in rank order: the same bits on every rank
+        COMBINE[op](flat, parts[r])
+    if op == "avg":
+        flat.div_(n)
+
+
+def recursive_doubling(flat: torch.Tensor, op: ReduceOp, rank: int, n: int, exchange: Exchange) -> None:
+    """log2(n) rounds of whole-tensor exchange; the extra ranks of a non-power-of-two world fold
+    into the lower ones first and get the result back at the end."""
+    power = 1 << (n.bit_length() - 1)  # the largest power of two <= n
+    extra = n - power
+    combine = COMBINE[op]
+    incoming = torch.empty_like(flat)
+    if rank >= power:  # fold into rank - power, get the result back at the end
+        exchange([(flat, rank - power)], [])
+        exchange([], [(flat, rank - power)])
+    else:
+        if rank < extra:
+            exchange([], [(incoming, rank + power)])
+            combine(flat, incoming)
+        distance = 1
+        while distance < power:
+            partner = rank ^ distance
+            exchange([(flat, partner)], [(incoming, partner)])
+            combine(flat, incoming)  # IEEE a + b == b + a: both partners get the same bits
+            distance <<= 1
+        if rank < extra:
+            exchange([(flat, rank + power)], [])
+    if op == "avg":
+        flat.div_(n)
+
+
+# The background algorithms by name ("gloo" is the backend's own collective, not one of these).
+ALGORITHMS: dict[str, Callable[[torch.Tensor, ReduceOp, int, int, Exchange], None]] = {
+    "ring": ring, "direct": direct, "recursive_doubling": recursive_doubling}
