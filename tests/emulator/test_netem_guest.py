@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NETEM_VM = ROOT / "scripts" / "netem-vm.sh"
 CHECKS = ROOT / "tests" / "emulator" / "netem_checks.py"
 UML_KERNEL = Path("/usr/bin/linux.uml")
+GUEST_OUT_PARENT = "/var/tmp"  # a host folder the guest sees as it is (the host's /tmp it does not)
 GUEST_TIMEOUT_S = 560  # measured 215-255 s per guest at host load 13-20 (two guests side by side)
 UDP_PAYLOAD_BYTES = 1400        # netem_checks.UDP_DATAGRAM_BYTES
 PING_COUNT = 10                 # netem_checks.PING_COUNT
@@ -63,15 +64,15 @@ def guest_results():
         pytest.skip("the netem guest needs root (it builds namespaces inside, and hostfs writes as us)")
     if not UML_KERNEL.exists() or shutil.which("modprobe") is None:
         pytest.skip("user-mode-linux or kmod is not installed: run scripts/setup.sh")
-    # Not under /tmp: the guest mounts its own tmpfs there, so results must go to a host folder.
-    (ROOT / "results" / "netem-vm").mkdir(parents=True, exist_ok=True)
-    out = Path(tempfile.mkdtemp(prefix="test-", dir=ROOT / "results" / "netem-vm"))
-    boot = subprocess.run(["bash", str(NETEM_VM), "true"], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "NETEM_VM_OUT": str(out), "NETEM_VM_TIMEOUT": "100"})
-    if boot.returncode != 0:
-        pytest.skip(f"user-mode-linux cannot boot here (exit {boot.returncode}): {boot.stderr.strip()[-300:]}")
+    # One folder per session, outside the clone (wherever it lives) and outside /tmp, which the
+    # guest covers with its own tmpfs (netem-vm.sh carries the clone in; this needs no carrying).
+    out = Path(tempfile.mkdtemp(prefix="wanbench-netem-test-", dir=GUEST_OUT_PARENT))
     guests = {}
     try:
+        boot = subprocess.run(["bash", str(NETEM_VM), "true"], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "NETEM_VM_OUT": str(out), "NETEM_VM_TIMEOUT": "100"})
+        if boot.returncode != 0:
+            pytest.skip(f"user-mode-linux cannot boot here (exit {boot.returncode}): {boot.stderr.strip()[-300:]}")
         for backend in ("tc", "mininet"):
             folder = out / backend
             folder.mkdir()
