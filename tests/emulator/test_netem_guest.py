@@ -16,7 +16,9 @@ user-space timing in it is coarse; kernel-side stamps and counters are not):
   most 3% over the rate, and at least 60% of it whenever its queue held packets at both readings
   (busy throughout; a CPU-starved guest kernel fires htb's timers late: 0.76 of the rate measured
   at host load 16, so this bound is loose by necessity); iperf3's delivered UDP never above the
-  rate; one TCP flow alone within 80-100%.
+  rate over the flow's seconds plus one queue drained after the sender stopped (a starved guest
+  counts more of that tail: 4.28 Mbit/s read on a 4 Mbit/s pair at host load 13); one TCP flow
+  alone within 80-100%.
 - Loss: netem's drop counter over what was offered within 4 binomial sigmas + 0.2 points.
 """
 
@@ -48,6 +50,7 @@ UML_KERNEL = Path("/usr/bin/linux.uml")
 GUEST_OUT_PARENT = "/var/tmp"  # a host folder the guest sees as it is (the host's /tmp it does not)
 GUEST_TIMEOUT_S = 560  # measured 215-255 s per guest at host load 13-20 (two guests side by side)
 UDP_PAYLOAD_BYTES = 1400        # netem_checks.UDP_DATAGRAM_BYTES
+UDP_HIGH_SECONDS = 2.5          # netem_checks.UDP_HIGH_SECONDS
 PING_COUNT = 10                 # netem_checks.PING_COUNT
 UDP_FRAME_OVERHEAD_BYTES = 42   # Ethernet 14 + IPv4 20 + UDP 8
 CASES = [("tc", "aws-4region"), ("tc", "asym-lossy"), ("mininet", "aws-4region"), ("mininet", "asym-lossy")]
@@ -325,7 +328,9 @@ def test_rate_of_every_pair(guest_results, backend):
             # A starved guest kernel's htb timers fire late: 0.76 of the rate at host load 16.
             assert fastest >= 0.6 * spec.rate_bit_s, f"{pair}: saturated, yet <= {fastest / 1e6:.2f} Mbit/s"
         assert "error" not in high[pair], high[pair]
-        assert 0 < high[pair]["received_mbit"] * 1e6 <= spec.rate_bit_s
+        # what arrived: at most the rate for the flow's seconds, and the queue that drains after it
+        received_bits = (high[pair]["packets"] - high[pair]["lost"]) * UDP_PAYLOAD_BYTES * 8
+        assert 0 < received_bits <= spec.rate_bit_s * UDP_HIGH_SECONDS + spec.queue_bytes * 8, (pair, high[pair])
     assert saturated >= 1, "no bottleneck saturated: the guest's senders were too starved to test the rate"
     for pair, flow in result["rate"].get("tcp", {}).items():
         src, dst = (plan.node(name) for name in pair.split(">"))
