@@ -7,10 +7,11 @@ on the host's tun backend and compares.
 
 Tolerances (the guest is one emulated CPU whose every syscall is trapped, on a shared host, so
 user-space timing in it is coarse; kernel-side stamps and counters are not):
-- RTT: our prober's minimum within 0.5 ms + 1% of the spec (+ both directions' jitter) and never
-  above iputils ping's; ping's minimum (user-space send stamps) within 1 ms + 5%; verify's p50
-  at least the spec (- jitter), at most 1.25x + 1 ms (+ jitter): the prober sees the whole
-  round trip.
+- RTT: our prober's minimum and iputils ping's at least the spec (- both directions' jitter) and
+  at most 1.25x + 1 ms (+ jitter), the prober's never above ping's; verify's p50 the same: the
+  prober sees the whole round trip. A guest the host keeps off its CPU fires netem's timers late,
+  so only the lower bounds are tight; the cross-backend test holds tc's prober minimum within
+  0.5 ms + 1% of tun's.
 - Rate: the bottleneck's own output rate (tc -s byte counters, read twice while UDP at 1.5x the
   rate runs, pair by pair; each reading's time known to within how long `tc` took to run) at
   most 3% over the rate, and at least 60% of it whenever its queue held packets at both readings
@@ -256,7 +257,6 @@ def test_rtt_of_every_pair_by_ping_and_prober(guest_results, backend, topology):
     for src, dst, _ in plan.pairs():
         rtt, jitter = spec_rtt_ms(plan, src, dst)
         measured = result["rtt"][f"{src.name}>{dst.name}"]
-        tolerance = rtt_tolerance_ms(rtt, jitter, 0.5)
         ping_min, prober_min = measured["ping"]["min_ms"], measured["prober"]["min_ms"]
         # ping -c 10 -w 30 sends every 0.2 s until 10 replies are in: what it sent beyond them
         # was lost on the pair's lossy directions or was still in flight when it stopped (one
@@ -267,12 +267,15 @@ def test_rtt_of_every_pair_by_ping_and_prober(guest_results, backend, topology):
         assert received == PING_COUNT and sent - received <= allowed, \
             f"{src.name}->{dst.name}: ping sent {sent}, received {received} (round-trip loss {round_trip_loss:.3f})"
         assert measured["prober"]["received"] >= 45
-        # ping stamps its sends in user space: in a starved guest its minimum of 10 carries the
-        # guest's scheduling delay (measured +3.5 ms on 70 ms at host load 14); the prober's
-        # kernel stamps do not, so it is held tightly and never reads above ping.
-        assert rtt - jitter - 0.05 <= ping_min <= rtt + rtt_tolerance_ms(rtt, jitter, 1.0) + 0.04 * rtt, \
-            f"{src.name}->{dst.name} ping"
-        assert rtt - jitter - 0.05 <= prober_min <= rtt + tolerance, f"{src.name}->{dst.name} prober"
+        # Never under the spec: the delay is applied, both ways. Over it, a starved guest adds
+        # its own lateness: ping stamps its sends in user space (its minimum of 10 measured
+        # +3.5 ms on 70 ms at host load 14), and while the host keeps the guest's one CPU off,
+        # netem's own timers fire late, which kernel stamps see too (the prober's minimum of 50
+        # read 89.9 ms on 86.6 ms from a /tmp clone, at falling host load 5-12). So the upper
+        # bound is verify's (below); the prober still never reads above ping.
+        upper = 1.25 * rtt + 1.0 + jitter
+        assert rtt - jitter - 0.05 <= ping_min <= upper, f"{src.name}->{dst.name} ping {ping_min}"
+        assert rtt - jitter - 0.05 <= prober_min <= upper, f"{src.name}->{dst.name} prober {prober_min}"
         assert prober_min <= ping_min + 0.3, f"{src.name}->{dst.name}: prober {prober_min} ping {ping_min}"
         assert measured["prober"]["transmit_stamps"] == measured["prober"]["received"]
 
