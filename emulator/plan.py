@@ -2,6 +2,8 @@
 
 `make_plan(topology)` decides everything a backend needs — namespace names, addresses, queue sizes,
 TCP buffer sysctls — without touching the system, so it can be printed, saved with a run, and tested.
+The one thing it reads from outside is the object-name prefix: WANBENCH_PREFIX unless the caller
+passes `prefix=`.
 """
 
 from __future__ import annotations
@@ -35,10 +37,17 @@ MAX_TCP_BUFFER_BYTES = 1 << 30
 
 def prefix() -> str:
     """The object-name prefix in force (WANBENCH_PREFIX, default "wanb")."""
-    value = os.environ.get("WANBENCH_PREFIX", DEFAULT_PREFIX)
-    if not PREFIX_PATTERN.match(value):
-        raise ConfigError("WANBENCH_PREFIX", f"{value!r}: use 2-6 lower-case letters/digits starting with a letter", source="environment")
+    return checked_prefix(os.environ.get("WANBENCH_PREFIX", DEFAULT_PREFIX), "WANBENCH_PREFIX", "environment")
+
+
+def checked_prefix(value: str, field: str = "prefix", source: str = "make_plan") -> str:
+    """`value` if it is a usable object-name prefix; ConfigError naming `field` and `source` if not."""
+    if not isinstance(value, str) or not PREFIX_PATTERN.match(value):
+        raise ConfigError(field, f"{value!r}: use 2-6 lower-case letters/digits starting with a letter", source=source)
     return value
+
+
+_prefix_in_force = prefix  # make_plan's `prefix` argument hides the function's name there
 
 
 @dataclass(frozen=True)
@@ -165,14 +174,19 @@ def tcp_buffer_bytes(specs) -> int:
     return size
 
 
-def make_plan(topology: Topology, cpu_share: Optional[float] = None, time_dilation: float = 1.0) -> Plan:
+def make_plan(topology: Topology, cpu_share: Optional[float] = None, time_dilation: float = 1.0,
+              prefix: Optional[str] = None) -> Plan:
     """Name and address every node of `topology` and resolve its link matrix, dilated by
-    `time_dilation` (queues sized before dilation: a dilated queue keeps its bytes, see dilation.py)."""
+    `time_dilation` (queues sized before dilation: a dilated queue keeps its bytes, see dilation.py).
+
+    `prefix`: the object-name prefix the plan's namespaces and run files carry; None takes the one
+    in force (WANBENCH_PREFIX, default "wanb"), the only input that is not an argument.
+    """
     try:
         time_dilation = check_time_dilation(time_dilation)
     except ValueError as exc:
         raise ConfigError("time_dilation", str(exc), source=topology.source_file) from None
-    pfx = prefix()
+    pfx = _prefix_in_force() if prefix is None else checked_prefix(prefix)
     pool = ipaddress.IPv4Network(topology.address_pool)
     hosts = pool.hosts()
     nodes = []

@@ -1,4 +1,4 @@
-"""The `wanbench` command: up, down, exec, verify, run, report, regress, status, clean.
+"""The `wanbench` command: up, down, exec, verify, run, report, regress, shape, unshape, launch, status, clean.
 
 Input files are validated before anything privileged happens; a bad file is one line on stderr
 naming the file and field, exit code 2. A system problem (not root, no TUN, no netem) is one line

@@ -8,10 +8,12 @@
 # The guest's root is the host's filesystem (hostfs), so the repository, its .venv and every host
 # path are visible at the same place; the command runs in the current directory with PATH,
 # WANBENCH_* and PYTHON* passed through. /run, /tmp and /etc/netns are the guest's own tmpfs
-# (its namespaces, run state and hosts files never touch the host's). $NETEM_VM_OUT is a host
-# folder the command can write results to (default: a fresh folder under results/netem-vm/; its
-# path is printed on stderr when not given). The command's stdout and stderr come back on ours and
-# its exit status is ours.
+# (its namespaces, run state and hosts files never touch the host's); the current directory, the
+# repository and $NETEM_VM_OUT are carried into the guest at the same path when they lie under one
+# of those (a clone under /tmp works as one anywhere else). $NETEM_VM_OUT is a host folder the
+# command can write results to (default: a fresh folder under results/netem-vm/; its path is
+# printed on stderr when not given). The command's stdout and stderr come back on ours and its
+# exit status is ours.
 #
 # Settings (environment): NETEM_VM_MEM guest memory (default 768M), NETEM_VM_TIMEOUT seconds
 # before the guest is killed (default 300; exit 124), NETEM_VM_OUT results folder.
@@ -42,11 +44,29 @@ fi
 mkdir -p "$NETEM_VM_OUT"
 NETEM_VM_OUT=$(cd "$NETEM_VM_OUT" && pwd -P)
 case "$NETEM_VM_OUT/" in
-  /tmp/*|/run/*|/var/run/*|/etc/netns/*|/dev/*|/proc/*|/sys/*)
+  /dev/*|/proc/*|/sys/*)
     echo "netem-vm: NETEM_VM_OUT=$NETEM_VM_OUT is under a folder the guest mounts its own" \
-         "(/tmp, /run, /etc/netns): its results would not reach the host; pick another" >&2
+         "(/dev, /proc, /sys): its results would not reach the host; pick another" >&2
     exit 2 ;;
 esac
+HERE=$(pwd -P)
+
+# Host folders the command needs that lie under a folder the guest covers with its own tmpfs:
+# bound aside before the tmpfs goes on, moved back to the same path after. Shortest first, so a
+# folder inside one already carried comes with it.
+CARRY=()
+mapfile -t NEEDED < <(printf '%s\n' "$HERE" "$(cd "$REPO" && pwd -P)" "$NETEM_VM_OUT" | sort -u |
+                      awk '{ print length($0) "\t" $0 }' | sort -s -n -k1,1 | cut -f2-)
+for path in "${NEEDED[@]}"; do
+  case "$path/" in
+    /tmp/*|/run/*|/etc/netns/*) ;;
+    *) continue ;;
+  esac
+  for carried in "${CARRY[@]}"; do
+    case "$path/" in "$carried"/*) continue 2 ;; esac
+  done
+  CARRY+=("$path")
+done
 
 # Host-side scratch: the guest's init script, the command's output and status (not under /tmp,
 # which the guest covers with its own tmpfs), and a folder for UML's memory file.
@@ -71,8 +91,15 @@ trap 'exit 130' INT TERM HUP
   echo 'mount -t proc proc /proc; mount -t sysfs sysfs /sys; mount -t devtmpfs dev /dev 2>/dev/null'
   echo 'mkdir -p /dev/pts /dev/shm; mount -t devpts devpts /dev/pts; mount -t tmpfs shm /dev/shm'
   echo 'mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null'
+  for i in "${!CARRY[@]}"; do
+    printf 'mkdir -p /dev/shm/netem-vm-carry/%d && mount --bind %q /dev/shm/netem-vm-carry/%d\n' "$i" "${CARRY[$i]}" "$i"
+  done
   echo 'mkdir -p /etc/netns; for d in /run /tmp /etc/netns; do mount -t tmpfs -o mode=755 tmpfs "$d"; done'
   echo 'chmod 1777 /tmp'
+  for i in "${!CARRY[@]}"; do
+    printf 'mkdir -p %q && mount --move /dev/shm/netem-vm-carry/%d %q\n' "${CARRY[$i]}" "$i" "${CARRY[$i]}"
+  done
+  [ ${#CARRY[@]} -eq 0 ] || echo 'rm -rf /dev/shm/netem-vm-carry'
   echo 'mkdir -p /run/netns /run/uml-modules/lib/modules'
   echo "ln -s $MODULES_ROOT/$KERNEL_VERSION /run/uml-modules/lib/modules/$KERNEL_VERSION"
   echo "modprobe -d /run/uml-modules -a sch_netem sch_htb sch_tbf cls_u32 veth bridge ifb act_mirred sch_ingress >$WORK/modprobe.log 2>&1"
@@ -86,7 +113,7 @@ trap 'exit 130' INT TERM HUP
       WANBENCH_*|PYTHON*|PYTEST_*|VIRTUAL_ENV|LANG|LC_*) printf 'export %s=%q\n' "$var" "${!var}" ;;
     esac
   done
-  printf 'cd %q || exit 1\n' "$PWD"
+  printf 'cd %q || exit 1\n' "$HERE"
   printf '%q ' "$@"
   echo ">$WORK/stdout 2>$WORK/stderr </dev/null"
   echo "echo \$? >$WORK/status.tmp && mv $WORK/status.tmp $WORK/status"

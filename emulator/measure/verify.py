@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import select
 import subprocess
 import sys
 import time
@@ -38,6 +39,10 @@ from ..processes import stop as stop_processes
 
 PROBE_PORT = 47000
 IPERF_PORT = 47001
+# How long an echo server may take to say it is bound: a node's Python starts in well under a
+# second on a quiet machine, but took longer than the 0.3 s once slept here in the netem guest
+# (one trapped CPU) on a busy host, and the first probe met a closed port.
+SERVER_READY_TIMEOUT_S = 60.0
 
 
 # The most TCP payload a link can carry: 1448-byte segments (MSS with timestamps) in 1500 bytes.
@@ -216,15 +221,33 @@ def _emulated(plan: Plan, src, dst, row: dict) -> dict:
     return out
 
 
+def wait_until_bound(nodes, servers, timeout_s: float = SERVER_READY_TIMEOUT_S) -> None:
+    """Return once every echo server has printed its one line ("probe server on ..."), which it
+    does after binding; RuntimeError naming the node when one exits or stays silent."""
+    deadline = time.monotonic() + timeout_s
+    for node, server in zip(nodes, servers):
+        readable, _, _ = select.select([server.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        line = server.stdout.readline() if readable else ""
+        if "probe server" in line:
+            continue
+        if readable:  # it closed its output (or wrote something else): it is ending, let it say why
+            try:
+                server.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        why = server.stderr.read().strip()[-500:] if server.poll() is not None else f"silent for {timeout_s:.0f} s"
+        raise RuntimeError(f"RTT probe server in {node.name} did not start: {why or line.strip()}")
+
+
 def verify(plan: Plan, options: VerifyOptions = VerifyOptions(),
            progress: Optional[Callable[[str], None]] = None) -> list[dict]:
     """Measure every ordered pair; one row per pair with spec and measured values."""
     servers = [subprocess.Popen(exec_argv(node, _probe_argv("server", "--port", str(PROBE_PORT))),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                for node in plan.nodes]
     rows = []
     try:
-        time.sleep(0.3)  # let the echo servers bind
+        wait_until_bound(plan.nodes, servers)
         # The prober's own cost: a probe to the node's own address never crosses the delay line.
         base = {node.name: measure_rtt(plan, node, node, options)["p50_ms"] for node in plan.nodes}
         sparse = {}

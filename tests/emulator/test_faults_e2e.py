@@ -86,16 +86,23 @@ def test_link_changes_take_effect_on_the_tun_delay_line(test_prefix, write_yaml)
                              capture_output=True, text=True).stdout
         return [float(p.split("=")[1]) for line in out.splitlines() for p in line.split() if p.startswith("time=")]
 
+    def delayed(spec_ms, rtts):
+        # Every ping answered, the least never under the spec (the delay line is never early) and
+        # under 1.5x it: a machine whose cores other jobs keep busy adds milliseconds to a ping.
+        return len(rtts) == 5 and spec_ms - 0.5 < min(rtts) < 1.5 * spec_ms
+
     backend.up()
     try:
-        assert all(9.5 < rtt < 15 for rtt in ping()), ping()
+        rtts = ping()
+        assert delayed(10.0, rtts), rtts
         backend.set_link("a", "b", None)
         assert ping(3) == []                      # partitioned
         backend.set_link("a", "b", dataclasses.replace(plan.region_links[("a", "b")], one_way_delay_ms=45.0))
         rtts = ping()
-        assert rtts and all(49.5 < rtt < 56 for rtt in rtts), rtts  # 45 ms there + 5 ms back
+        assert delayed(50.0, rtts), rtts          # 45 ms there + 5 ms back
         backend.set_link("a", "b", plan.region_links[("a", "b")])
-        assert all(9.5 < rtt < 15 for rtt in ping()), ping()
+        rtts = ping()
+        assert delayed(10.0, rtts), rtts
         import time
 
         time.sleep(1.5)  # the counters file is rewritten every second

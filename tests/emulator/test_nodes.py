@@ -128,8 +128,8 @@ def test_each_node_has_its_own_hostname_pid_space_ipc_tmp_and_shm(network):
     assert run_in(plan, "london-0", "getent", "hosts", "tokyo-0").stdout.split()[0] == tokyo.address
     # a node's groups leave real-time scheduling possible (verify's prober runs SCHED_FIFO)
     assert run_in(plan, "london-0", "chrt", "-f", "5", "true").returncode == 0
-    ping = run_in(plan, "london-0", "ping", "-n", "-c", "1", "-W", "2", "tokyo-0")
-    rtt = float(re.search(r"time=([\d.]+)", ping.stdout).group(1))
+    ping = run_in(plan, "london-0", "ping", "-n", "-c", "3", "-i", "0.05", "-W", "2", "tokyo-0")
+    rtt = min(float(v) for v in re.findall(r"time=([\d.]+)", ping.stdout))  # the least held up by a busy CPU
     assert 19.5 < rtt < 40, ping.stdout
 
 

@@ -51,6 +51,14 @@ def test_prefix_is_validated(monkeypatch):
         make_plan(topology_from_dict(THREE_NODES))
 
 
+def test_a_prefix_given_is_used_instead_of_the_environment(monkeypatch):
+    monkeypatch.setenv("WANBENCH_PREFIX", "Bad-Prefix!")  # not read when the caller names one
+    plan = make_plan(topology_from_dict(THREE_NODES), prefix="wbu")
+    assert plan.prefix == "wbu" and [n.namespace for n in plan.nodes] == ["wbu-x-0", "wbu-y-0", "wbu-z-0"]
+    with pytest.raises(ConfigError, match="prefix: 'X'"):
+        make_plan(topology_from_dict(THREE_NODES), prefix="X")
+
+
 def test_exact_tc_script_for_three_nodes(plan):
     """The link model: propagation (netem per destination) on the sender's eth0, the bottleneck
     (htb at the pair's rate + bfifo in bytes, per source) on the core side of the receiver's veth."""

@@ -88,18 +88,32 @@ def test_counters_add_the_kernels_side():
 
 
 # As root: the kernel carries the pair ------------------------------------------------------------
+# What is asserted is which path a pair takes (the counters) and that a delay-line pair is never
+# faster than its spec; upper bounds leave room for a machine whose cores other jobs keep busy
+# (a 20 ms pair read 25.6 ms on average there). How close to the spec each path gets is a
+# performance figure: bench/bench_delayline.py (sparse cases, --timing-variants shortcut).
 needs_root = pytest.mark.skipif(os.geteuid() != 0 or not Path("/dev/net/tun").exists(),
                                 reason="needs root and /dev/net/tun")
 TEST_PREFIX = f"ts{os.getpid() % 10000:04d}"
-PING_AVG = re.compile(r"rtt min/avg/max/mdev = [0-9.]+/([0-9.]+)/")
+PING_MIN = re.compile(r"rtt min/avg/max/mdev = ([0-9.]+)/")
+KERNEL_PATH_MAX_MS = 1.0  # no delay line wake-up on the way: far under any pair the delay line times
 
 
-def _ping_avg_ms(node, dst, count=10):
+def _ping_min_ms(node, dst, count=10):
+    """The least of `count` iputils pings (ms): the one least held up by a busy CPU."""
     from emulator import netns
 
     out = subprocess.run(netns.exec_argv(node, ["ping", "-n", "-q", "-c", str(count), "-i", "0.05", dst.address]),
                          capture_output=True, text=True, timeout=30).stdout
-    return float(PING_AVG.search(out).group(1))
+    match = PING_MIN.search(out)
+    assert match, f"ping {node.name} -> {dst.name}: {out[-300:]}"
+    return float(match.group(1))
+
+
+def _through_the_delay_line(spec_rtt_ms: float, measured_ms: float) -> bool:
+    """A delay-line pair's least RTT: never under the spec (it delivers at or after the due time),
+    and not half as much again over it (a busy machine adds milliseconds, not the spec twice)."""
+    return spec_rtt_ms - 0.05 <= measured_ms < 1.5 * spec_rtt_ms
 
 
 @needs_root
@@ -116,26 +130,31 @@ def test_kernel_carries_the_pair_until_a_link_change_and_after_it_is_undone(tmp_
     try:
         backend.up()
         assert core in netns.list_namespaces(TEST_PREFIX)
-        # the kernel's path: no delay line wake-up, well under the 0.1 ms spec plus its ~0.2 ms
-        assert _ping_avg_ms(a0, a1) < 0.2
-        assert 19.9 < _ping_avg_ms(a0, b0, count=3) < 21.0  # other pairs: the delay line
+        assert _ping_min_ms(a0, a1) < KERNEL_PATH_MAX_MS
+        to_b0 = _ping_min_ms(a0, b0, count=5)  # other pairs: the delay line
+        assert _through_the_delay_line(20.0, to_b0), to_b0
         delay_line = {(r["src"], r["dst"]): r for r in backend._fresh_status()["pairs"]}
         kernel = {(r["src"], r["dst"]): r for r in tun_shortcut.counters(plan, [(a0, a1)])}
         both = {(r["src"], r["dst"]): r for r in backend.counters(fresh=True)}
         for pair in [("aa-0", "aa-1"), ("aa-1", "aa-0")]:
             assert delay_line[pair]["packets"] == 0  # nothing of the pair went through the delay line
             assert kernel[pair]["packets"] >= 10 and both[pair]["packets"] == kernel[pair]["packets"]
-        assert delay_line[("aa-0", "bb-0")]["packets"] >= 3 and ("aa-0", "bb-0") not in kernel
+        assert delay_line[("aa-0", "bb-0")]["packets"] >= 5 and ("aa-0", "bb-0") not in kernel
 
         slow = replace(plan.region_links[("aa", "aa")], one_way_delay_ms=5.0)
         backend.set_link("aa", "aa", slow)  # (aa, aa) is both directions: 10 ms, the delay line's
-        assert 9.9 < _ping_avg_ms(a0, a1, count=5) < 11.0
+        changed = _ping_min_ms(a0, a1, count=5)
+        assert _through_the_delay_line(10.0, changed), changed
+        after_change = {(r["src"], r["dst"]): r for r in backend._fresh_status()["pairs"]}
+        assert after_change[("aa-0", "aa-1")]["packets"] >= 5 and after_change[("aa-1", "aa-0")]["packets"] >= 5
         assert "lan0" not in subprocess.run(["ip", "-n", a0.namespace, "route"], capture_output=True,
                                             text=True).stdout
         backend.set_link("aa", "aa", plan.region_links[("aa", "aa")])  # back: the kernel again
         kernel_before = tun_shortcut.counters(plan, [(a0, a1)])[0]["packets"]
-        assert _ping_avg_ms(a0, a1) < 0.2
+        assert _ping_min_ms(a0, a1) < KERNEL_PATH_MAX_MS
         assert tun_shortcut.counters(plan, [(a0, a1)])[0]["packets"] >= kernel_before + 10
+        back = {(r["src"], r["dst"]): r for r in backend._fresh_status()["pairs"]}
+        assert back[("aa-0", "aa-1")]["packets"] == after_change[("aa-0", "aa-1")]["packets"]
 
         backend.down()
         assert netns.list_namespaces(TEST_PREFIX) == []

@@ -1,8 +1,12 @@
-"""verify's steady-state throughput rules and its rate warnings (pure: no network)."""
+"""verify's steady-state throughput rules, its rate warnings and its wait for the echo servers (no network)."""
+
+import subprocess
+import sys
+from types import SimpleNamespace
 
 import pytest
 
-from emulator.measure.verify import VerifyOptions, rate_warnings, steady_goodput_bit_s
+from emulator.measure.verify import VerifyOptions, rate_warnings, steady_goodput_bit_s, wait_until_bound
 
 
 def interval(start, seconds, mbit, omitted=False):
@@ -45,3 +49,33 @@ def test_pairs_under_the_minimum_are_named():
 def test_bad_options_fail_at_once_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         VerifyOptions(**{field: value})
+
+
+def _server(code):
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_verify_waits_for_each_echo_server_to_say_it_is_bound():
+    """A server slower to start than a fixed sleep is waited for; one that dies or stays silent is named."""
+    from emulator.processes import stop
+
+    nodes = [SimpleNamespace(name="a-0"), SimpleNamespace(name="b-0")]
+    slow = "import time; time.sleep(0.8); print('probe server on 0.0.0.0:47000', flush=True); time.sleep(30)"
+    servers = [_server(slow), _server(slow)]
+    try:
+        wait_until_bound(nodes, servers)
+        assert all(s.poll() is None for s in servers)
+    finally:
+        stop(servers, grace_s=1)
+    dead = [_server(slow), _server("import sys; sys.exit('cannot bind: Address already in use')")]
+    try:
+        with pytest.raises(RuntimeError, match="b-0 did not start: cannot bind"):
+            wait_until_bound(nodes, dead)
+    finally:
+        stop(dead, grace_s=1)
+    silent = [_server("import time; time.sleep(30)")]
+    try:
+        with pytest.raises(RuntimeError, match="a-0 did not start: silent for 1 s"):
+            wait_until_bound(nodes[:1], silent, timeout_s=1.0)
+    finally:
+        stop(silent, grace_s=1)
