@@ -26,7 +26,7 @@ from emulator.netns import SystemCheckError
 from trainers.config import COMM_BACKEND_VARIABLE, GPU_REASON_VARIABLE, GPU_SHARED_BY_VARIABLE, CommConfig, Config
 
 # What a job falls back to when its ranks must share GPUs: gloo takes CUDA tensors (staged through
-# the CPU by trainers/comm.py) and runs our own all-reduce (comm.allreduce) over its messages.
+# the CPU by trainers/comm/) and runs our own all-reduce (comm.allreduce) over its messages.
 FALLBACK_BACKEND = "gloo"
 
 
