@@ -138,3 +138,27 @@ def test_only_a_time_budget_compares_on_time(tmp_path):
     table = summarize(load_run(write_run(tmp_path, jobs, stop={"budget_time_s": 6.0}))).set_index("label")
     # within 6 s: sync's evaluation after 5 steps (5 s), dts's after 10 steps (5 s)
     assert table.loc["dts", "accuracy_delta_vs_sync"] == pytest.approx(0.93 - 0.5)
+
+
+@pytest.mark.slow
+def test_the_quickstart_on_sim_compares_every_job_at_one_budget_all_reached(tmp_path):
+    """The README's scenario as committed, on sim: its report names one budget, every job got
+    there, and every delta is taken there (no job left to its own end point)."""
+    import io
+    from pathlib import Path
+
+    from rich.console import Console
+
+    import harness.run as run_module
+
+    scenario = load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "quickstart.yaml")
+    completed = run_module.run_scenario(scenario, "sim", tmp_path / "runs", console=Console(file=io.StringIO()))
+    budget = completed.frames.budget
+    table = completed.summary
+    assert len(table) == 4 and (table["status"] == "ok").all()
+    assert budget.compared_on == "steps" and budget.steps <= table["steps"].min()
+    assert table["accuracy_at_step_budget"].notna().all() and table["accuracy_delta_vs_sync"].notna().all()
+    assert table["budget_not_reached"].isna().all()
+    markdown = write_report([completed.run_dir], tmp_path / "out").markdown.read_text()
+    assert f"accuracy_delta_vs_sync at {budget.steps} steps" in markdown
+    assert f"equal budgets of {budget.steps} steps" in markdown and "3000 steps" not in markdown
