@@ -632,6 +632,10 @@ def _add_ratios_vs_sync(table: pd.DataFrame, budget: EqualBudget, missed: list[s
             table.at[index, "budget_not_reached"] = f"its sync ({ref['label']}): {missed[ref.name]}"
         elif pd.notna(ref[compared]) and pd.notna(row[compared]):
             table.at[index, "accuracy_delta_vs_sync"] = row[compared] - ref[compared]
+        else:  # got past the budget, but its first evaluation came after it
+            whose = "its" if pd.isna(row[compared]) else f"its sync's ({ref['label']})"
+            table.at[index, "budget_not_reached"] = (f"{whose} first evaluation came after the budget of "
+                                                     f"{budget.describe_compared()}")
 
 
 def _mean_of_replicas(evals: pd.DataFrame) -> bool:

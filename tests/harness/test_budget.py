@@ -131,6 +131,13 @@ def test_a_job_whose_sync_did_not_reach_the_budget_says_so(tmp_path):
     assert table.loc["dts", "budget_not_reached"].startswith("its sync (sync): job failed before the budget of 10 steps")
 
 
+def test_a_budget_before_the_first_evaluation_says_so(tmp_path):
+    jobs = [FakeJob("sync", evals={4: 0.5, 9: 0.92}, steps=10), FakeJob("dts", evals={4: 0.91, 9: 0.93}, steps=10)]
+    table = summarize(load_run(write_run(tmp_path, jobs, stop={"budget_steps": 3}))).set_index("label")
+    assert pd.isna(table.loc["dts", "accuracy_delta_vs_sync"])
+    assert table.loc["dts", "budget_not_reached"] == "its first evaluation came after the budget of 3 steps"
+
+
 def test_only_a_time_budget_compares_on_time(tmp_path):
     """budget_time_s alone: the delta is read at that training time for every job, whatever their steps."""
     jobs = [FakeJob("sync", evals={4: 0.5, 9: 0.92}, steps=10),
