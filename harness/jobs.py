@@ -26,6 +26,7 @@ from emulator.plan import Plan
 from emulator.processes import stop as stop_processes
 
 from . import byo
+from .budget import EqualBudget
 from .faults import FaultSchedule, LinkControl, NetworkAndNodes
 from .gpus import nccl_environment, place_job
 from .jobspec import CONFIG_FILE, JobSpec
@@ -324,12 +325,10 @@ class StopDecider:
     equal budgets is known), write the STOP file the ranks poll (trainers.stop) with a stop step
     no rank has passed yet. A file in the job folder, not the emulated network, carries it."""
 
-    def __init__(self, job_dir: Path, target_accuracy: Optional[float], budget_steps: Optional[int] = None,
-                 budget_time_s: Optional[float] = None):
+    def __init__(self, job_dir: Path, target_accuracy: Optional[float], budget: Optional[EqualBudget] = None):
         self.job_dir = job_dir
         self.target_accuracy = target_accuracy
-        self.budget_steps = budget_steps
-        self.budget_time_s = budget_time_s
+        self.budget = budget if budget is not None else EqualBudget()  # harness/budget.py: what to pass first
         self.decision: Optional[dict] = None
         self._evals: Optional[RecordTail] = None  # follows eval.jsonl
         self._reached = False
@@ -355,9 +354,7 @@ class StopDecider:
                 continue
             self._reached = self._reached or record["accuracy"] >= self.target_accuracy
             steps_done = record.get("step", -1) + 1
-            if (self._reached
-                    and (self.budget_steps is None or steps_done >= self.budget_steps)
-                    and (self.budget_time_s is None or record.get("train_time_s", 0.0) >= self.budget_time_s)):
+            if self._reached and self.budget.waits_for(steps_done, record.get("train_time_s", 0.0)):
                 request = write_stop(self.job_dir, stop_step_from_records(self.job_dir), "target_accuracy")
                 self.decision = {"reason": request.reason, "stop_step": request.stop_step,
                                  "decided_at_s": round(elapsed_s, 3), "eval_step": record.get("step"),
@@ -401,7 +398,7 @@ def run_job(plan: Plan, spec: JobSpec, master_port: int, on_tick=None,
     executor = NetworkAndNodes(network, ranks)
     schedule = FaultSchedule(spec.faults, executor, spec.job_dir / "faults.jsonl") if spec.faults else None
     ranks.restart_pending = {plan.node(node).rank for node in spec.restarted_nodes}
-    decider = StopDecider(spec.job_dir, spec.stop.target_accuracy, spec.stop.budget_steps, spec.stop.budget_time_s)
+    decider = StopDecider(spec.job_dir, spec.stop.target_accuracy, spec.stop.budget)
     evaluator = Evaluator(spec.job_dir, follow=decider.active) if spec.command is None else None
     outcome: Optional[JobOutcome] = None
     counters_before = _counters(network)

@@ -29,6 +29,7 @@ from emulator.dilation import dilate
 from emulator.files import write_json_atomic
 from emulator.plan import Plan
 
+from .budget import EqualBudget
 from .dilation import dilated_trainer, dilated_trainer_config
 from .faults import SET_LINK, FaultAction, action_record, compile_actions
 from .scenario import SIM_BACKEND, Job, Scenario
@@ -59,6 +60,11 @@ class StopBudgets:
     target_accuracy: Optional[float] = None
     budget_steps: Optional[int] = None
     budget_time_s: Optional[float] = None
+
+    @property
+    def budget(self) -> EqualBudget:
+        """The budgets as the one definition the summary and the report read (harness/budget.py)."""
+        return EqualBudget.from_stop(self)
 
 
 @dataclass(frozen=True)

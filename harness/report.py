@@ -26,6 +26,7 @@ from .paths import REPORTS_ROOT
 from . import byo
 from .results import (BYTE_COLUMNS, FAULT_COLUMNS, HEADLINE_COLUMNS, METRICS, SUMMARY_COLUMNS, RunFrames,
                       format_bytes, injection_failed, run_frames, summarize)
+from .budget import EqualBudget
 from .rundir import RunDir
 
 # Per run, at most this many loss/accuracy figures (one per network point); the rest are listed.
@@ -51,6 +52,7 @@ class RunInfo:
     time_dilation_auto: Optional[dict] = None  # how time_dilation: auto chose K (scenario.json)
     sim: Optional[dict] = None  # backend sim: the compute model and NIC (scenario.json's `sim`)
     jobs: list = field(default_factory=list)  # the run's job folders (harness/rundir.py JobDir), read once
+    budget: Optional[EqualBudget] = None  # the run's equal budget, resolved (harness/budget.py)
 
 
 @dataclass
@@ -126,7 +128,7 @@ def _run_name(run_dir: Path) -> str:
 def _run_info(run: RunDir, path: Path, name: str, frames: RunFrames) -> RunInfo:
     return RunInfo(path, name, frames.complete, frames.target_accuracy, run.environment, run.interrupted,
                    frames.budget_steps, frames.budget_time_s, frames.time_dilation, run.time_dilation_auto, run.sim,
-                   run.jobs)
+                   run.jobs, frames.budget)
 
 
 def load_results(run_dirs: Iterable, loaded: Optional[dict] = None, summaries: Optional[dict] = None) -> Results:
@@ -383,16 +385,21 @@ def _save(figure, base: Path) -> list[Path]:
 
 
 def budget_sentence(run: RunInfo) -> str:
-    """Where this run compares accuracy: at stated budgets, or wherever its jobs ended."""
-    budgets = []
-    if run.budget_steps is not None:
-        budgets.append(f"{run.budget_steps} steps")
-    if run.budget_time_s is not None:
-        budgets.append(f"{run.budget_time_s:g} s of training")
-    if not budgets:
-        return "accuracy compared where each job ended (no budget stated)"
-    return ("accuracy compared at equal budgets of " + " and ".join(budgets)
-            + ("; a job stops at the target only after both" if len(budgets) == 2 else ""))
+    """Where this run compares accuracy: the words of its one equal budget (harness/budget.py),
+    the budget the stop rule waited for and the summary read."""
+    budget = run.budget or EqualBudget(run.budget_steps, run.budget_time_s, run.budget_steps is not None,
+                                       run.budget_time_s is not None)
+    return budget.sentence()
+
+
+def budget_lines(rows: pd.DataFrame) -> list[str]:
+    """One line per job whose accuracy_delta_vs_sync is empty because it (or its sync) did not
+    reach the run's budget, saying why."""
+    if "budget_not_reached" not in rows:
+        return []
+    missed = rows[rows["budget_not_reached"].fillna("").astype(str) != ""]
+    return [f"- job `{row['label']}` seed {row['seed']} at {row['network']}: no accuracy_delta_vs_sync: "
+            f"{row['budget_not_reached']}" for row in missed.to_dict("records")]
 
 
 def dilation_sentence(run: RunInfo) -> str:
@@ -512,6 +519,9 @@ def report_markdown(results: Results, figures: ReportFigures, out: Path) -> str:
         lines += [heading, "", markdown_table(rows, HEADLINE_COLUMNS), ""]
         if len(rows):
             lines += [*data_source_lines(rows), ""]
+        missed = budget_lines(rows)
+        if missed:
+            lines += [*missed, ""]
         bad = rows[rows["status"] != "ok"]
         for row in bad.to_dict("records"):
             lines.append(f"- job `{row['label']}` seed {row['seed']} at {row['network']}: status "

@@ -25,6 +25,7 @@ import pandas as pd
 
 from emulator.files import write_text_atomic
 
+from .budget import STEPS, EqualBudget
 from .rundir import JobDir, RunDir
 
 from .byo import congestion_control, has_values
@@ -33,7 +34,7 @@ SUMMARY_COLUMNS = [
     "network", "delay_scale", "rate", "nodes", "algorithm", "label", "seed", "status",
     "final_accuracy", "best_accuracy", "time_to_target_s", "output_sync_s", "accuracy_at_step_budget",
     "accuracy_at_time_budget", "steps", "train_time_s", "steps_per_s",
-    "speedup_vs_sync", "throughput_speedup_vs_sync", "accuracy_delta_vs_sync",
+    "speedup_vs_sync", "throughput_speedup_vs_sync", "accuracy_delta_vs_sync", "budget_not_reached",
     "bytes_sent_per_node", "bytes_per_step_per_node", "wire_bytes_per_node", "wire_overhead",
     "comm_blocked_fraction", "mean_staleness", "workers", "servers", "server_bytes_sent_per_node",
     "server_wire_bytes_per_node", "transport", "tuned", "sweep_best", "compute_s_per_step",
@@ -64,10 +65,14 @@ METRICS = {
     "steps_per_s": "rank 0's training steps per second of training time (workers only for parameter servers).",
     "speedup_vs_sync": "sync's time to target over this job's, at the same network point and seed (> 1: faster).",
     "throughput_speedup_vs_sync": "this job's steps/s over sync's, at the same network point and seed.",
-    "accuracy_delta_vs_sync": "this job's accuracy minus sync's at the step budget (else the time "
-                              "budget, else the end): the 'no accuracy loss' check.",
+    "accuracy_delta_vs_sync": "this job's accuracy minus sync's at the run's one equal budget (the "
+                              "step budget, or the time budget where only that is stated; the "
+                              "budget sentence above says which): the 'no accuracy loss' check; empty "
+                              "where this job or its sync did not get there (budget_not_reached says why).",
     "accuracy_at_step_budget": "accuracy of the last evaluation within the step budget (CSV).",
     "accuracy_at_time_budget": "accuracy of the last evaluation within the training-time budget (CSV).",
+    "budget_not_reached": "why accuracy_delta_vs_sync is empty: the job (or its sync) failed or ended "
+                          "at its limits before the budget (CSV).",
     "bytes_sent_per_node": "bytes each node's communication layer sent, counted from tensor sizes.",
     "wire_bytes_per_node": "bytes each node put on the emulated wire, from the backend's own counters "
                            "(headers, handshakes, retransmissions and control included).",
@@ -130,6 +135,7 @@ class RunFrames:
     faults: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=FAULT_COLUMNS))
     budget_steps: Optional[int] = None      # accuracy_at_step_budget is read at this step
     budget_time_s: Optional[float] = None   # accuracy_at_time_budget at this much training time
+    budget: Optional[EqualBudget] = None    # the one definition both came from (harness/budget.py)
     time_dilation: float = 1.0              # the records' times were divided by this (see load_run)
     run: Optional[RunDir] = field(default=None, repr=False)  # the files they were read from
 
@@ -235,13 +241,34 @@ def run_frames(run: RunDir) -> RunFrames:
         steps += rows.steps
         evals += rows.evals
         faults += rows.faults
-    return RunFrames(pd.DataFrame(jobs), emulated_seconds(pd.DataFrame(steps), k, DILATED_COLUMNS["steps"]),
-                     emulated_seconds(pd.DataFrame(evals), k, DILATED_COLUMNS["evals"]), stop.get("target_accuracy"),
+    evals_frame = emulated_seconds(pd.DataFrame(evals), k, DILATED_COLUMNS["evals"])
+    jobs_frame = pd.DataFrame(jobs)
+    budget = EqualBudget.from_stop(stop).resolved(_reached_by_jobs_ok(jobs_frame, evals_frame))
+    return RunFrames(jobs_frame, emulated_seconds(pd.DataFrame(steps), k, DILATED_COLUMNS["steps"]),
+                     evals_frame, stop.get("target_accuracy"),
                      run.complete, emulated_seconds(_faults_frame(faults), k, DILATED_COLUMNS["faults"]),
-                     # a budget left out (None in scenario.json) defaults to the run's own limit
-                     budget_steps=_first_set(stop.get("budget_steps"), stop.get("steps")),
-                     budget_time_s=_first_set(stop.get("budget_time_s"), stop.get("time_budget_s")),
+                     budget_steps=budget.steps, budget_time_s=budget.time_s, budget=budget,
                      time_dilation=k, run=run)
+
+
+def _last_evaluation(evals: pd.DataFrame) -> tuple[Optional[int], Optional[float]]:
+    """(steps done, training time) at a job's last evaluation; (None, None) without one."""
+    if not len(evals):
+        return None, None
+    last = evals.sort_values("step").iloc[-1]
+    return int(last["step"]) + 1, float(last["train_time_s"])  # an eval's `step`: the last step's index
+
+
+def _reached_by_jobs_ok(jobs: pd.DataFrame, evals: pd.DataFrame) -> list[tuple[int, float]]:
+    """Per job that ended ok with an evaluation, how far it got (the default budget's inputs)."""
+    reached = []
+    for job in jobs.to_dict("records") if len(jobs) else []:
+        if job.get("status") != "ok" or not len(evals):
+            continue
+        steps_done, train_time_s = _last_evaluation(evals[evals["job_id"] == job["job_id"]])
+        if steps_done is not None:
+            reached.append((steps_done, train_time_s))
+    return reached
 
 
 def _load_job(job_dir: JobDir, run_backend: Optional[str]) -> _JobRows:
@@ -280,6 +307,9 @@ def _load_job(job_dir: JobDir, run_backend: Optional[str]) -> _JobRows:
                 evals.append(row)
         rank = records[0].get("rank") if records else None
         clock.records[rank] = records
+        if rank == 0:  # why rank 0 ended (steps, time_budget, target_accuracy): for budget_not_reached
+            job["stop_reason"] = next((r.get("stop_reason") for r in reversed(records)
+                                       if r.get("kind") == "status" and r.get("stop_reason")), None)
         # the all-reduce the job used, from the ranks' start records ("gloo", "ours:auto", ...)
         transports = {r["transport"] for r in records if r.get("kind") == "start" and r.get("transport")}
         if transports:
@@ -302,10 +332,6 @@ def _load_job(job_dir: JobDir, run_backend: Optional[str]) -> _JobRows:
     if job_dir.evals:
         evals = [{**base, **record, "rank": 0} for record in job_dir.evals]
     return _JobRows(job, steps, evals, _job_faults(job_dir, base, clock))
-
-
-def _first_set(*values):
-    return next((value for value in values if value is not None), None)
 
 
 def _mean(values) -> Optional[float]:
@@ -475,8 +501,26 @@ def summarize(frames: RunFrames, target_accuracy: Optional[float] = None) -> pd.
     _mark_sweep_best(table, frames.jobs)
     _add_output_sync(table, replica_output, median_blocked)
     _add_compute_comm_ratio(table, median_blocked)
-    _add_ratios_vs_sync(table)
+    _add_ratios_vs_sync(table, _budget(frames), _budget_missed(frames))
     return table
+
+
+def _budget(frames: RunFrames) -> EqualBudget:
+    """The run's equal budget (frames made by hand may give only the two numbers: stated then)."""
+    if frames.budget is not None:
+        return frames.budget
+    return EqualBudget(frames.budget_steps, frames.budget_time_s, frames.budget_steps is not None,
+                       frames.budget_time_s is not None)
+
+
+def _budget_missed(frames: RunFrames) -> list[str]:
+    """Per job (frames.jobs' order), why it has no accuracy at the run's budget ("" if it has)."""
+    budget, missed = _budget(frames), []
+    for job in frames.jobs.to_dict("records") if len(frames.jobs) else []:
+        ev = frames.evals[frames.evals["job_id"] == job["job_id"]] if len(frames.evals) else frames.evals
+        steps_done, train_time_s = _last_evaluation(ev)
+        missed.append(budget.missed(steps_done, train_time_s, job.get("status"), job.get("stop_reason")))
+    return missed
 
 
 def _job_row(job: dict, ev: pd.DataFrame, st: pd.DataFrame, frames: RunFrames,
@@ -566,9 +610,14 @@ def sync_reference(table: pd.DataFrame, row, among: Optional[pd.Series] = None) 
     return candidates.iloc[0] if len(candidates) else None
 
 
-def _add_ratios_vs_sync(table: pd.DataFrame) -> None:
+def _add_ratios_vs_sync(table: pd.DataFrame, budget: EqualBudget, missed: list[str]) -> None:
     """Ratios against sync (sync_reference): >1 means faster than sync. Where the scenario runs
-    sync on several workloads (e.g. compute padded or not), the sync job of the same workload."""
+    sync on several workloads (e.g. compute padded or not), the sync job of the same workload.
+    The accuracy delta is taken at the run's one budget (`budget.compared_on`), never at another
+    point for some jobs: where this job or its sync did not get there it stays empty, and
+    budget_not_reached (`missed`, per row) says why."""
+    compared = "accuracy_at_step_budget" if budget.compared_on == STEPS else "accuracy_at_time_budget"
+    table["budget_not_reached"] = table["budget_not_reached"].astype(object)
     for index, row in table.iterrows():
         ref = sync_reference(table, row)
         if ref is None:
@@ -577,11 +626,16 @@ def _add_ratios_vs_sync(table: pd.DataFrame) -> None:
             table.at[index, "speedup_vs_sync"] = ref["time_to_target_s"] / row["time_to_target_s"]
         if pd.notna(ref["steps_per_s"]) and pd.notna(row["steps_per_s"]):
             table.at[index, "throughput_speedup_vs_sync"] = row["steps_per_s"] / ref["steps_per_s"]
-        # at equal budgets (steps, then training time); the final accuracy only where neither is known
-        for column in ("accuracy_at_step_budget", "accuracy_at_time_budget", "final_accuracy"):
-            if pd.notna(ref[column]) and pd.notna(row[column]):
-                table.at[index, "accuracy_delta_vs_sync"] = row[column] - ref[column]
-                break
+        if missed[index]:
+            table.at[index, "budget_not_reached"] = missed[index]
+        elif missed[ref.name]:
+            table.at[index, "budget_not_reached"] = f"its sync ({ref['label']}): {missed[ref.name]}"
+        elif pd.notna(ref[compared]) and pd.notna(row[compared]):
+            table.at[index, "accuracy_delta_vs_sync"] = row[compared] - ref[compared]
+        else:  # got past the budget, but its first evaluation came after it
+            whose = "its" if pd.isna(row[compared]) else f"its sync's ({ref['label']})"
+            table.at[index, "budget_not_reached"] = (f"{whose} first evaluation came after the budget of "
+                                                     f"{budget.describe_compared()}")
 
 
 def _mean_of_replicas(evals: pd.DataFrame) -> bool:

@@ -58,8 +58,9 @@ class StopRule(BaseModel):
     """When jobs end, and the equal budgets at which their accuracy is compared.
 
     steps / time_budget_s / target_accuracy end a job (whichever comes first). budget_steps and
-    budget_time_s (default: steps and time_budget_s) are where accuracy_at_step_budget and
-    accuracy_at_time_budget are read; a job that ends before a budget has no value for it.
+    budget_time_s are where accuracy_at_step_budget and accuracy_at_time_budget are read, and a
+    job stops at the target only past them; left out, the furthest every job that ended ok got
+    (harness/budget.py EqualBudget). A job that ends before a budget has no value for it.
     """
 
     model_config = ConfigDict(extra="forbid")
