@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from .byo import check_command_paths, scenario_folder
 from .dilation import ComputeProfile, load_profile
@@ -258,6 +258,14 @@ class ScenarioFile(BaseModel):
     @classmethod
     def _node_sysctls(cls, value):
         return check_node_sysctls(value)
+
+    @model_serializer(mode="wrap")
+    def _without_empty_sysctls(self, handler):
+        # a scenario that sets none saves the scenario.json it saved before node_sysctls existed
+        data = handler(self)
+        if not data.get("node_sysctls"):
+            data.pop("node_sysctls", None)
+        return data
 
     @field_validator("time_dilation", mode="before")
     @classmethod
