@@ -144,3 +144,32 @@ def test_job_record_reads_every_key_the_plan_sets(write_yaml, monkeypatch):
     stack = byo.node_stack(plan)
     assert all("net.ipv4.tcp_notsent_lowat" in argv and SSAI in argv for argv in asked) and len(asked) == 2
     assert stack["sysctls"]["net.ipv4.tcp_notsent_lowat"] == "131072"
+
+
+def fake_proc(tmp_path, available, allowed):
+    ipv4 = tmp_path / "net" / "ipv4"
+    ipv4.mkdir(parents=True)
+    (ipv4 / "tcp_available_congestion_control").write_text(available + "\n")
+    (ipv4 / "tcp_allowed_congestion_control").write_text(allowed + "\n")
+    return tmp_path
+
+
+def test_a_congestion_control_is_checked_against_the_kernel_before_building(tmp_path, write_yaml, monkeypatch):
+    from emulator import netns
+
+    monkeypatch.setattr(netns, "PROC_SYS", fake_proc(tmp_path / "proc", "reno bbr cubic", "reno bbr"))
+    monkeypatch.setenv("PATH", str(tmp_path))  # no modprobe to run: what is missing stays missing
+    monkeypatch.setattr(netns.shutil, "which", lambda *a, **k: None)
+
+    def plan_with(name):
+        return make_plan(load_topology(write_yaml(BASE + f"node_sysctls: {{net.ipv4.tcp_congestion_control: {name}}}\n",
+                                                  f"{name}.yaml")))
+
+    netns.check_node_sysctls(plan_with("bbr"))  # available and allowed: nothing to say
+    netns.check_node_sysctls(make_plan(load_topology(write_yaml(BASE, "none.yaml"))))  # none asked for
+    with pytest.raises(netns.SystemCheckError, match=r"node_sysctls.net.ipv4.tcp_congestion_control: this kernel "
+                                                     r"has no congestion control 'vegas' \(available: reno bbr cubic"):
+        netns.check_node_sysctls(plan_with("vegas"))
+    with pytest.raises(netns.SystemCheckError, match=r"'cubic' is available but the host does not allow it.*"
+                                                     r"tcp_allowed_congestion_control='reno bbr cubic'"):
+        netns.check_node_sysctls(plan_with("cubic"))
