@@ -11,6 +11,7 @@ import ipaddress
 import logging
 import os
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Iterable
 
@@ -23,6 +24,8 @@ log = logging.getLogger(__name__)
 
 NETNS_RUN_DIR = Path("/run/netns")
 NETNS_ETC_DIR = Path("/etc/netns")  # `ip netns exec` bind-mounts /etc/netns/<ns>/hosts on /etc/hosts
+PROC_SYS = Path("/proc/sys")
+CONGESTION_CONTROL = "net.ipv4.tcp_congestion_control"
 
 
 class SystemCheckError(RuntimeError):
@@ -51,6 +54,60 @@ def check_address_pool_free(pool: str) -> None:
                     f"private range in the topology's address_pool")
 
 
+def _sysctl_path(key: str) -> Path:
+    return PROC_SYS / key.replace(".", "/")
+
+
+def _read_words(key: str) -> list[str]:
+    try:
+        return _sysctl_path(key).read_text().split()
+    except OSError:
+        return []
+
+
+def check_node_sysctls(plan: Plan) -> None:
+    """Refuse, before any node exists, a congestion control the nodes cannot use.
+
+    A namespace other than the host's may only make a congestion control its default when the
+    kernel has it (tcp_available_congestion_control; modprobe tcp_<name> loads a module) and the
+    host allows it (tcp_allowed_congestion_control), else the kernel refuses the write.
+    """
+    name = plan.node_sysctls.get(CONGESTION_CONTROL)
+    if name is None:
+        return
+    if name not in _read_words("net.ipv4.tcp_available_congestion_control"):
+        modprobe = shutil.which("modprobe", path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"]))
+        if modprobe is not None:
+            subprocess.run([modprobe, "-q", f"tcp_{name}"], capture_output=True, timeout=30)
+        available = _read_words("net.ipv4.tcp_available_congestion_control")
+        if name not in available:
+            raise SystemCheckError(
+                f"{plan.topology_file}: node_sysctls.{CONGESTION_CONTROL}: this kernel has no congestion control "
+                f"{name!r} (available: {' '.join(available) or '?'}; `modprobe tcp_{name}` did not add it)")
+    allowed = _read_words("net.ipv4.tcp_allowed_congestion_control")
+    if name not in allowed:
+        raise SystemCheckError(
+            f"{plan.topology_file}: node_sysctls.{CONGESTION_CONTROL}: {name!r} is available but the host does not "
+            f"allow it in namespaces (allowed: {' '.join(allowed)}); allow it with "
+            f"sysctl -w net.ipv4.tcp_allowed_congestion_control='{' '.join([*allowed, name])}'")
+
+
+def apply_sysctls(plan: Plan, node: Node) -> None:
+    """Write the plan's sysctls inside `node`'s namespace and read each back: a value the kernel
+    did not take is an error naming the node, the key and what is in force."""
+    with entered(node.namespace):
+        for key, value in plan.sysctls().items():
+            path = _sysctl_path(key)
+            try:
+                path.write_text(value)
+                in_force = path.read_text().split()
+            except OSError as exc:
+                raise SystemCheckError(f"node {node.name}: cannot set {key} = {value}: {exc.strerror or exc}") from None
+            if in_force != value.split():
+                raise SystemCheckError(f"node {node.name}: {key} is {' '.join(in_force)} after writing {value} "
+                                       f"(the kernel did not take it)")
+
+
 @contextlib.contextmanager
 def entered(namespace: str):
     """Run the body with this thread inside `namespace` (for /proc/sys and TUN devices)."""
@@ -62,14 +119,11 @@ def entered(namespace: str):
 
 
 def create_node(plan: Plan, node: Node) -> None:
-    """Create one node's namespace: loopback up, TCP buffers sized for the plan, hosts file."""
+    """Create one node's namespace: loopback up, the plan's sysctls (TCP buffers, node_sysctls), hosts file."""
     netns.create(node.namespace)
     with NetNS(node.namespace) as ns:
         ns.link("set", index=ns.link_lookup(ifname="lo")[0], state="up")
-    with entered(node.namespace):
-        for key, value in plan.sysctls().items():
-            path = Path("/proc/sys") / key.replace(".", "/")
-            path.write_text(value)
+    apply_sysctls(plan, node)
     etc = NETNS_ETC_DIR / node.namespace
     etc.mkdir(parents=True, exist_ok=True)
     (etc / "hosts").write_text(plan.hosts_file())
@@ -79,6 +133,7 @@ def create_nodes(plan: Plan) -> None:
     """Every node's namespace, then its holder (own hostname, IPC, PID space, mounts, cgroups)."""
     from . import nodes  # nodes -> backends.base -> plan; imported late to keep netns light
 
+    check_node_sysctls(plan)
     for node in plan.nodes:
         create_node(plan, node)
     nodes.start(plan)

@@ -12,7 +12,7 @@ import ipaddress
 import json
 import os
 import re
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Optional
 
 from .dilation import check_time_dilation, dilate, undilate
@@ -78,6 +78,9 @@ class Plan:
     # The network is slowed by this factor (emulator/dilation.py): region_links are the topology's
     # links dilated; `emulated_link` gives back what the topology said.
     time_dilation: float = 1.0
+    # sysctls the topology or scenario sets in every node (`node_sysctls:`, checked there), as
+    # written to /proc/sys; they override the TCP buffers sized here
+    node_sysctls: dict = field(default_factory=dict)
 
     def node(self, name: str) -> Node:
         for node in self.nodes:
@@ -121,7 +124,9 @@ class Plan:
         return "\n".join(lines) + "\n"
 
     def sysctls(self) -> dict[str, str]:
-        """Per-namespace sysctls: TCP buffers large enough for the largest bandwidth-delay product.
+        """Per-namespace sysctls every backend sets in every node: TCP buffers large enough for the
+        largest bandwidth-delay product, then the topology's or scenario's `node_sysctls` (which
+        win where they name the same key).
 
         TCP autotuning grows to tcp_rmem/tcp_wmem[2], which are per namespace. net.core.rmem_max
         (the cap for explicit SO_RCVBUF) is read-only inside a namespace here, so it is not listed.
@@ -130,7 +135,12 @@ class Plan:
         return {
             "net.ipv4.tcp_rmem": f"4096 131072 {top}",
             "net.ipv4.tcp_wmem": f"4096 16384 {top}",
+            **self.node_sysctls,
         }
+
+    def slow_start_after_idle(self) -> bool:
+        """Whether the nodes restart slow start after an idle RTO (Linux's default, 1)."""
+        return self.node_sysctls.get("net.ipv4.tcp_slow_start_after_idle", "1") != "0"
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -217,4 +227,5 @@ def make_plan(topology: Topology, cpu_share: Optional[float] = None, time_dilati
         memory_bytes=topology.memory_bytes,
         pids_max=topology.pids_max,
         time_dilation=time_dilation,
+        node_sysctls=dict(topology.node_sysctls),
     )

@@ -17,8 +17,11 @@ plan's TCP buffer per round trip, and with loss the Mathis et al. response funct
 window: a message needs as many round trips of slow start as its segments take from the window
 it finds (:meth:`FluidNetwork.slow_start_s`), and a connection's window halves for every RTO
 (RTT + 200 ms) it was idle, down to the initial 10 segments, as Linux's tcp_cwnd_restart does
-(net.ipv4.tcp_slow_start_after_idle = 1, which the emulated nodes keep). Queues are not
-modelled: delay is the link's, never a standing queue's.
+with net.ipv4.tcp_slow_start_after_idle = 1 (the default); with the plan's ``node_sysctls``
+setting it to 0 the window is kept across idleness (``slow_start_after_idle``). The pacing of a
+window after a round trip idle is kept either way (it is not slow start). The congestion control
+is not modelled (BBR skips Linux's restart after idle altogether: docs/SCENARIOS.md). Queues are
+not modelled: delay is the link's, never a standing queue's.
 
 Pure: numpy arrays in, times out. The event loop that drives it (``trainers.sim``) asks for the
 next completion with :meth:`FluidNetwork.next_completion` and advances with :meth:`advance`.
@@ -149,6 +152,8 @@ class FluidNetwork:
     region_of: tuple = ()
     seed: int = 0
     tcp: bool = True  # slow start and pacing per connection (False: the fluid alone, for tests of it)
+    # net.ipv4.tcp_slow_start_after_idle: a connection idle for an RTO restarts from a smaller window
+    slow_start_after_idle: bool = True
     _base: dict = field(default_factory=dict, repr=False)
     _flows: dict = field(default_factory=dict, repr=False)
     _next_id: int = 0
@@ -188,7 +193,8 @@ class FluidNetwork:
         np.fill_diagonal(latency_s, 0.0)
         net = cls(latency_s=latency_s, rate=rate[grid], jitter_s=jit[grid], loss=loss[grid],
                   tcp_window=float(plan.tcp_buffer_max_bytes), nic=nic_rate_bit_s / 8.0 if nic_rate_bit_s else None,
-                  region_of=tuple(regions[i] for i in of), seed=seed)
+                  region_of=tuple(regions[i] for i in of), seed=seed,
+                  slow_start_after_idle=plan.slow_start_after_idle())
         return net
 
     # -- the path's properties ----------------------------------------------------------------
@@ -218,7 +224,8 @@ class FluidNetwork:
         """Extra seconds slow start adds to messages of ``size`` bytes that ``src`` starts sending
         to ``dst`` at ``start`` (arrays, or numbers), and the connections' windows after them.
 
-        A connection's window halves per RTO of idleness, down to the initial one. A message of S
+        A connection's window halves per RTO of idleness, down to the initial one (not at all
+        where ``slow_start_after_idle`` is off). A message of S
         segments sent from window W needs k = ceil(log2(S / W + 1)) flights (slow start doubles
         the window each round trip), i.e. k - 1 round trips more than one flight, counted only
         until the window covers the path's bandwidth-delay product (from then the rate limits).
@@ -232,7 +239,7 @@ class FluidNetwork:
         idle = start - self._last_send[src, dst]
         # tcp_cwnd_restart: the window halves for every RTO the connection was idle, down to 10
         rto = rtt + RTO_MIN_S
-        halvings = np.floor(np.clip(idle / rto, 0.0, 60.0))
+        halvings = np.floor(np.clip(idle / rto, 0.0, 60.0)) if self.slow_start_after_idle else np.zeros(len(src))
         cwnd = np.where(halvings >= 1, np.maximum(INITIAL_WINDOW_SEGMENTS, cwnd / 2.0 ** halvings), cwnd)
         bdp = np.maximum(1.0, np.ceil(self.rate[src, dst] * rtt / MSS_BYTES))
         segments = np.minimum(np.maximum(1.0, np.ceil(size / MSS_BYTES)), bdp)

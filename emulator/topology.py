@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import math
+import re
 from dataclasses import dataclass, replace
 from typing import Annotated, Any, Optional
 
@@ -35,6 +36,8 @@ MAX_NODE_MEMORY_BYTES = 1 << 50
 MIN_NODE_PIDS = 8                 # the holder and a shell pipeline
 MAX_NODE_PIDS = 4_194_304         # the kernel's pid_max ceiling
 REGION_NAME_PATTERN = r"^[a-z][a-z0-9]{0,14}$"
+MAX_SOCKET_BUFFER_BYTES = 1 << 30  # tcp_rmem / tcp_wmem entries (the plan's own ceiling)
+CONGESTION_CONTROL_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,15}$")  # TCP_CA_NAME_MAX is 16
 
 
 def _bounded(value: float, low: float, high: float, what: str, shown: str) -> float:
@@ -185,6 +188,93 @@ class NodeLimits(BaseModel):
         return int(_bounded(v, MIN_NODE_PIDS, MAX_NODE_PIDS, "pids", repr(v)))
 
 
+def _switch(*allowed: int):
+    def check(value) -> str:
+        if isinstance(value, bool) or not isinstance(value, int) or value not in allowed:
+            raise ValueError(f"expected one of {', '.join(map(str, allowed))}, got {value!r}")
+        return str(value)
+    return check
+
+
+def _whole(low: int, high: int):
+    def check(value) -> str:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ValueError(f"expected a whole number in [{low}, {high}], got {value!r}")
+        return str(value)
+    return check
+
+
+def _socket_buffers(value) -> str:
+    """min, default and max bytes, as "4096 131072 16777216", [4096, 131072, 16777216] or with units."""
+    items = value.split() if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or len(items) != 3:
+        raise ValueError(f"expected three sizes (min default max), e.g. \"4096 131072 16MiB\", got {value!r}")
+    sizes = []
+    for item in items:
+        if isinstance(item, bool):
+            raise ValueError(f"{item!r} is not a size")
+        try:
+            size = int(item) if isinstance(item, int) or str(item).isdigit() else int(parse_size_bytes(item))
+        except (UnitError, ValueError) as exc:
+            raise ValueError(str(exc)) from None
+        sizes.append(int(_bounded(size, 1, MAX_SOCKET_BUFFER_BYTES, "size (bytes)", repr(item))))
+    if not sizes[0] <= sizes[1] <= sizes[2]:
+        raise ValueError(f"needs min <= default <= max, got {sizes[0]} {sizes[1]} {sizes[2]}")
+    return " ".join(map(str, sizes))
+
+
+def _congestion_control(value) -> str:
+    if not isinstance(value, str) or not CONGESTION_CONTROL_PATTERN.match(value):
+        raise ValueError(f"expected a congestion control's name such as bbr, cubic or reno, got {value!r}")
+    return value
+
+
+# The sysctls a node may set: each is per network namespace on Linux >= 5.x (so setting it in one
+# node changes no other node and not the host), with the check of its value. Left out on purpose:
+# net.core.rmem_max/wmem_max/rmem_default/wmem_default and net.core.default_qdisc (machine-wide:
+# read-only inside a namespace) and anything outside net.*.
+NODE_SYSCTLS = {
+    "net.ipv4.tcp_slow_start_after_idle": _switch(0, 1),
+    "net.ipv4.tcp_congestion_control": _congestion_control,
+    "net.ipv4.tcp_rmem": _socket_buffers,
+    "net.ipv4.tcp_wmem": _socket_buffers,
+    "net.ipv4.tcp_notsent_lowat": _whole(1, (1 << 32) - 1),
+    "net.ipv4.tcp_no_metrics_save": _switch(0, 1),
+    "net.ipv4.tcp_autocorking": _switch(0, 1),
+    "net.ipv4.tcp_sack": _switch(0, 1),
+    "net.ipv4.tcp_timestamps": _switch(0, 1, 2),
+    "net.ipv4.tcp_window_scaling": _switch(0, 1),
+    "net.ipv4.tcp_ecn": _switch(0, 1, 2),
+    "net.ipv4.tcp_mtu_probing": _switch(0, 1, 2),
+    "net.ipv4.tcp_tso_win_divisor": _whole(0, 255),
+    "net.ipv4.tcp_min_tso_segs": _whole(1, 255),
+    "net.ipv4.tcp_limit_output_bytes": _whole(1, 1 << 30),
+    "net.ipv4.tcp_syn_retries": _whole(1, 127),
+    "net.core.somaxconn": _whole(1, 1 << 20),
+    "net.core.optmem_max": _whole(1, 1 << 30),
+}
+
+
+def check_node_sysctls(value) -> dict[str, str]:
+    """`node_sysctls:` checked: known per-namespace keys, values in range, as the strings written
+    to /proc/sys (ValueError naming the key otherwise)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError("expected a mapping sysctl -> value, e.g. {net.ipv4.tcp_slow_start_after_idle: 0}")
+    checked = {}
+    for key, raw in value.items():
+        check = NODE_SYSCTLS.get(key)
+        if check is None:
+            why = "not a per-namespace net.* sysctl" if not str(key).startswith("net.") else "not one wanbench knows"
+            raise ValueError(f"{key!r}: {why} (known: {', '.join(sorted(NODE_SYSCTLS))})")
+        try:
+            checked[key] = check(raw)
+        except ValueError as exc:
+            raise ValueError(f"{key}: {exc}") from None
+    return checked
+
+
 class RegionEntry(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     nodes: Annotated[int, Field(ge=1, le=MAX_NODES_PER_REGION, strict=True)] = 1
@@ -205,6 +295,14 @@ class TopologyFile(BaseModel):
     intra_region: LinkFields = LinkFields()
     links: list[LinkEntry] = []
     node_limits: NodeLimits = NodeLimits()
+    # sysctls set inside every node's namespace (NODE_SYSCTLS lists the known ones); a scenario's
+    # node_sysctls override these key by key
+    node_sysctls: dict[str, str] = {}
+
+    @field_validator("node_sysctls", mode="before")
+    @classmethod
+    def _node_sysctls(cls, v):
+        return check_node_sysctls(v)
 
     @field_validator("address_pool")
     @classmethod
@@ -243,11 +341,19 @@ class Topology:
     description: str = ""
     memory_bytes: Optional[int] = None   # per node (node_limits.memory); None: unlimited
     pids_max: Optional[int] = None       # per node (node_limits.pids); None: unlimited
+    node_sysctls: tuple = ()             # ((key, value as written to /proc/sys), ...), in file order
 
     def with_limits(self, limits: "NodeLimits") -> "Topology":
         """The same network with these node limits where they are given (a scenario's override)."""
         return replace(self, memory_bytes=self.memory_bytes if limits.memory is None else limits.memory,
                        pids_max=self.pids_max if limits.pids is None else limits.pids)
+
+    def with_sysctls(self, sysctls: dict[str, str]) -> "Topology":
+        """The same network with these node sysctls set over the topology's, key by key (a
+        scenario's override; values already checked by check_node_sysctls)."""
+        merged = dict(self.node_sysctls)
+        merged.update(sysctls)
+        return replace(self, node_sysctls=tuple(merged.items()))
 
     def link(self, src_region: str, dst_region: str) -> LinkSpec:
         if src_region == dst_region:
@@ -369,6 +475,7 @@ def topology_from_dict(data: dict, source: str = "<topology>") -> Topology:
         description=doc.description,
         memory_bytes=doc.node_limits.memory,
         pids_max=doc.node_limits.pids,
+        node_sysctls=tuple(doc.node_sysctls.items()),
     )
 
 

@@ -145,12 +145,13 @@ def parse_sysctl(text: str) -> dict[str, str]:
 
 def node_stack(plan, names: Iterable[str] = STACK_SYSCTLS) -> dict:
     """The sysctls in force inside each node, read there (`sysctl` in the node), and the values
-    every node shares: {"sysctls": {key: value or "mixed"}, "nodes": {node: {key: value}}}."""
+    every node shares: {"sysctls": {key: value or "mixed"}, "nodes": {node: {key: value}}}.
+    Every key the plan sets (`node_sysctls` included) is read besides `names`."""
     from emulator.netns import exec_argv
 
     import shutil
 
-    names = list(names)
+    names = list(dict.fromkeys([*names, *plan.sysctls()]))
     # sbin is not on every user's PATH (a `sudo` keeps it, a plain shell may not)
     sysctl = shutil.which("sysctl", path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"]))
     if sysctl is None:

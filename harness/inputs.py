@@ -3,7 +3,7 @@
 `verify` (and later `run`) accept either. A scenario's `topology:` is a path (relative to the
 scenario file, then to the current folder, then to the project's `topologies/`) or an inline
 mapping; its optional `nodes:` maps region -> node count and its optional `node_limits:` (memory,
-pids per node) overrides the topology's.
+pids per node) and `node_sysctls:` override the topology's.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Optional
 import pydantic
 
 from emulator.schema import ConfigError, config_error_from_pydantic, load_yaml_mapping
-from emulator.topology import MAX_NODES_PER_REGION, NodeLimits, Topology, load_topology, topology_from_dict
+from emulator.topology import MAX_NODES_PER_REGION, NodeLimits, check_node_sysctls, Topology, load_topology, topology_from_dict
 
 from .paths import PROJECT_ROOT
 
@@ -70,4 +70,10 @@ def topology_from_document(data: dict, path: str) -> Topology:
         except pydantic.ValidationError as exc:
             raise config_error_from_pydantic(path, exc).prefixed("node_limits") from None
         topology = topology.with_limits(limits)
+    if data.get("node_sysctls") is not None:
+        try:
+            sysctls = check_node_sysctls(data["node_sysctls"])
+        except ValueError as exc:
+            raise ConfigError("node_sysctls", str(exc), source=path) from None
+        topology = topology.with_sysctls(sysctls)
     return topology

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from .byo import check_command_paths, scenario_folder
 from .dilation import ComputeProfile, load_profile
@@ -26,7 +26,7 @@ from .inputs import topology_from_document
 from emulator.dilation import MAX_TIME_DILATION, MIN_TIME_DILATION
 from emulator.schema import ConfigError, config_error_from_pydantic, load_yaml_mapping
 from emulator.plan import make_plan
-from emulator.topology import MAX_NODES_PER_REGION, NodeLimits, Topology
+from emulator.topology import MAX_NODES_PER_REGION, NodeLimits, Topology, check_node_sysctls
 from emulator.units import UnitError, parse_rate_bit_s
 
 MAX_JOBS = 500
@@ -236,6 +236,8 @@ class ScenarioFile(BaseModel):
     master_port: int = Field(29500, ge=1024, le=65000)
     cpu_share: Optional[float] = Field(None, gt=0, le=1024)   # cores per node (cgroup cpu quota)
     node_limits: NodeLimits = NodeLimits()  # memory, pids per node; override the topology's
+    # sysctls in every node (emulator/topology.py NODE_SYSCTLS); override the topology's key by key
+    node_sysctls: dict[str, str] = {}
     faults: list[FaultEvent] = Field([], max_length=1000)
     # Parameter-server algorithms (those whose params name server_ranks): "extra" gives them one
     # more node, in server_region (default: the topology's first region), as their server, so they
@@ -252,6 +254,19 @@ class ScenarioFile(BaseModel):
     compute_profile: Optional[str] = None
     # backend sim only: the compute model and the NICs of the simulated network
     sim: SimSettings = SimSettings()
+
+    @field_validator("node_sysctls", mode="before")
+    @classmethod
+    def _node_sysctls(cls, value):
+        return check_node_sysctls(value)
+
+    @model_serializer(mode="wrap")
+    def _without_empty_sysctls(self, handler):
+        # a scenario that sets none saves the scenario.json it saved before node_sysctls existed
+        data = handler(self)
+        if not data.get("node_sysctls"):
+            data.pop("node_sysctls", None)
+        return data
 
     @field_validator("time_dilation", mode="before")
     @classmethod

@@ -277,6 +277,7 @@ class MininetBackend(Backend):
             raise netns.SystemCheckError(f"objects with prefix {plan.prefix} exist ({', '.join(leftovers[:5])}); "
                                f"run 'wanbench clean'")
         netns.check_address_pool_free(plan.address_pool)
+        netns.check_node_sysctls(plan)
         try:
             pids = self._start_driver()
             self._attach_namespaces(pids)
@@ -336,20 +337,13 @@ class MininetBackend(Backend):
             raise tc.CommandFailed(f"ip -batch - (netns attach): {' '.join(result.stderr.split())}")
 
     def _configure_nodes(self) -> None:
-        """Hosts file and TCP-buffer sysctls in every node namespace (as netns.create_node does)."""
+        """Hosts file and the plan's sysctls in every node namespace (as netns.create_node does)."""
         hosts = self.plan.hosts_file()
         for node in self.plan.nodes:
             etc = netns.NETNS_ETC_DIR / node.namespace
             etc.mkdir(parents=True, exist_ok=True)
             (etc / "hosts").write_text(hosts)
-            with netns.entered(node.namespace):
-                for key, value in self.plan.sysctls().items():
-                    try:
-                        (Path("/proc/sys") / key.replace(".", "/")).write_text(value)
-                    except OSError:
-                        # net.core.*mem_max are read-only in a namespace on many kernels; TCP
-                        # autotuning uses the per-namespace tcp_rmem/tcp_wmem, which we did set.
-                        pass
+            netns.apply_sysctls(self.plan, node)
 
     def _shape(self) -> dict[str, str]:
         """Run every host's tc batch and the switch ports' batch (in parallel); return what -> tc's
