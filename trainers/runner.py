@@ -139,7 +139,8 @@ def _make_comm(config: Config, device: torch.device) -> Comm:
     """The communication layer of ``config``'s backend (decided by ``with_launcher_backend``)."""
     if uses_elastic_comm(config):
         return TcpComm(config.comm.timeout_s, device)
-    return TorchComm(config.comm.backend, config.comm.timeout_s, device, config.comm.allreduce)
+    return TorchComm(config.comm.backend, config.comm.timeout_s, device, config.comm.allreduce,
+                     config.comm.max_in_flight)
 
 
 def _device(config: Config) -> torch.device:
