@@ -154,6 +154,9 @@ def test_allgather_follows_the_allreduce_setting_and_accounts_n_minus_1_tensors(
             self.launches.append((algorithm, tag))
             return (lambda: outputs), (lambda: True)
 
+        def _launch(self, tensor, op, algorithm, tag):
+            return (lambda: tensor), (lambda: True)
+
         _all_reduce = _broadcast = _all_gather = _isend = _irecv = _barrier = None
 
     comm = LaunchOnly(1, 4, allreduce="ring")
