@@ -242,3 +242,43 @@ def test_allgather_async_equals_torch_all_gather(spawn_ranks, tmp_path, world_si
         assert output["threads"] == 2
         assert output["in_flight"] == [[10.0 * r + k for r in range(n)] if k % 2 == 0 else sum(range(n)) + k * n
                                         for k in range(8)]
+
+
+def ddp_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """torch's DDP under comm.allreduce gloo (its reducer) and direct / ring (our comm hook)."""
+    from tests.trainers.test_quantized import _start_rank, train_on_digits
+
+    comm = _start_rank(rank, world_size, port)
+    results = {}
+    for transport in ("gloo", "direct", "ring"):
+        comm.allreduce_algorithm = transport
+        before = {op: (s.calls, s.bytes_sent) for op, s in comm.stats.per_op.items()}
+        result = train_on_digits(comm, "ddp", {"broadcast_buffers": False}, 5, 0.3)
+        result["ops"] = {op: (s.calls - before[op][0], s.bytes_sent - before[op][1])
+                         for op, s in comm.stats.per_op.items()}
+        result["transport"] = comm.transport
+        results[transport] = result
+    comm.shutdown()
+    Path(out_dir, f"ddp{rank}.json").write_text(json.dumps(results))
+
+
+@pytest.mark.slow
+def test_ddp_runs_on_our_transport_through_its_comm_hook(spawn_ranks, tmp_path):
+    assert spawn_ranks(ddp_worker, 3, str(tmp_path), timeout_s=240) == [0] * 3
+    for rank in range(3):
+        results = json.loads((tmp_path / f"ddp{rank}.json").read_text())
+        reducer = results["gloo"]
+        d = reducer["numel"]
+        # torch's reducer: no all_reduce through our comm, its bytes accounted from the ring model
+        assert reducer["ops"]["all_reduce"][0] == 0 and reducer["transport"] == "gloo"
+        assert reducer["bytes_sent"] == [2 * 2 * 4 * d // 3] * 5
+        for transport, per_rank_bytes in (("direct", 2 * 4 * d), ("ring", None)):
+            ours = results[transport]
+            assert ours["transport"] == f"ours:{transport}"
+            calls, sent = ours["ops"]["all_reduce"]
+            assert calls >= 5 and ours["ops"]["external"][0] == 0, ours["ops"]  # every step's bucket(s) on ours
+            if per_rank_bytes is not None:
+                assert sent == 5 * per_rank_bytes
+            # the same average, summed in another order: float32 rounding apart
+            difference = max(abs(a - b) for a, b in zip(ours["params"], reducer["params"]))
+            assert difference < 1e-5, (transport, rank, difference)
