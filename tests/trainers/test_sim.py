@@ -512,6 +512,20 @@ def test_the_limit_is_a_workload_knob_and_a_job_under_it_is_unchanged(tmp_path):
         return [(r["time_s"], r["loss"]) for r in records(tmp_path / name, 0, "step")]
 
     assert steps("one", 1) == steps("many", 1000)
+    # a scenario sets it for its jobs as `workload: {comm: {max_in_flight: N}}`, checked at load
+    import yaml
+
+    from harness.scenario import scenario_from_dict
+
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    document = yaml.safe_load((root / "scenarios" / "paper-dts-90x.yaml").read_text())
+    document.setdefault("workload", {})["comm"] = {"max_in_flight": 2}
+    assert {job.trainer.comm.max_in_flight for job in scenario_from_dict(document, "s.yaml").jobs} == {2}
+    document["workload"]["comm"] = {"max_in_flight": 0}
+    with pytest.raises(Exception, match="s.yaml: workload.comm.max_in_flight: must be an integer >= 1"):
+        scenario_from_dict(document, "s.yaml")
 
 
 def test_quantized_on_the_direct_exchange_decodes_the_same_as_on_gloos_all_gather(tmp_path):
