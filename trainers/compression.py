@@ -26,7 +26,8 @@ code dropped (the residual) and adds it to the next buffer, so nothing is lost, 
 strategies (see ``trainers/algorithms/hooks.py``): summable codes wrap ``allreduce_hook`` as
 ``fp16_compress_wrapper`` does; the others all-gather every rank's payload
 (:meth:`Comm.allgather_async <trainers.comm.base.Comm.allgather_async>`: on the exchange the
-all-reduce uses, ``comm.allreduce``) and average the decoded buffers. The registry :data:`COMPRESSORS` is checked when this module is imported.
+all-reduce uses, ``comm.allreduce``) and average the decoded buffers. The registry
+:data:`COMPRESSORS` is checked when this module is imported.
 """
 
 from __future__ import annotations

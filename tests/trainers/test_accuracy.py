@@ -51,7 +51,8 @@ def test_reaches_target_accuracy_on_digits(runs, name):
 
 def _allreduce_bytes(run, rank: int, n_params: int) -> int:
     """Bytes one all-reduce of the float32 gradient puts on the transport the run recorded: gloo's
-    (and DDP's own reducer, under comm.allreduce gloo) count the ring's 2(n-1)/n; ours:auto picks the direct exchange at this size
+    (and DDP's own reducer, under comm.allreduce gloo) count the ring's 2(n-1)/n; ours:auto picks the
+    direct exchange at this size
     ((n-1) whole tensors)."""
     import torch
 

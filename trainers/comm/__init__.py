@@ -30,7 +30,8 @@ from .streams import STREAM_TAG, MessageStreams, StreamMessage, ThreadedStreamDr
 from .tcp import TcpComm
 from .torch_backend import TorchComm
 
-__all__ = ["ALLREDUCE_ALGORITHMS", "BACKGROUND_TAGS", "BACKGROUND_THREADS", "COMBINE", "DIRECT_MAX_BYTES", "MAX_IN_FLIGHT", "OPS",
+__all__ = ["ALLREDUCE_ALGORITHMS", "BACKGROUND_TAGS", "BACKGROUND_THREADS", "COMBINE", "DIRECT_MAX_BYTES",
+           "MAX_IN_FLIGHT", "OPS",
            "STREAM_TAG", "AllReduceAlgorithm", "Comm", "CommStats", "MessageStreams", "OpStats", "PeerLost",
            "ProcessKilled", "ReduceOp", "StreamMessage", "TcpComm", "ThreadedStreamDriver", "TorchComm", "Work",
            "allgather_bytes", "allreduce_bytes", "require_torchrun_env", "tensor_nbytes"]

@@ -329,7 +329,8 @@ class Comm(ABC):
         sent, recv = allgather_bytes(algorithm, n, tensor)
         tag = self._launched % BACKGROUND_TAGS  # one tag sequence with the all-reduces: one launch order
         self._launched += 1
-        return self._run("all_gather", sent, recv, True, lambda: self._launch_allgather(outputs, tensor, algorithm, tag))
+        return self._run("all_gather", sent, recv, True,
+                         lambda: self._launch_allgather(outputs, tensor, algorithm, tag))
 
     def _allreduce_algorithm_for(self, tensor: torch.Tensor, op: ReduceOp,
                                  algorithm: Optional[AllReduceAlgorithm]) -> str:

@@ -9,8 +9,8 @@ done, counted from the moment each rank entered them; their results are exact (r
 order, so every rank gets the same bits). Background collectives (``allreduce_async``,
 ``allgather_async``) obey the comm's ``max_in_flight`` as the real comm's threads do: one launched
 while that many of this rank's are unfinished enters when the earliest-launched waiting one can
-start, i.e. when one of the running ones finishes (queueing in virtual time). The base class's accounting (bytes by the textbook
-model, blocked time) is unchanged, measured on the virtual clock.
+start, i.e. when one of the running ones finishes (queueing in virtual time). The base class's
+accounting (bytes by the textbook model, blocked time) is unchanged, measured on the virtual clock.
 """
 
 from __future__ import annotations
