@@ -24,8 +24,10 @@ code dropped (the residual) and adds it to the next buffer, so nothing is lost, 
 
 :func:`compressed_exchange_hook` turns a compressor into an exchange hook for the synchronous
 strategies (see ``trainers/algorithms/hooks.py``): summable codes wrap ``allreduce_hook`` as
-``fp16_compress_wrapper`` does; the others all-gather every rank's payload and average the decoded
-buffers. The registry :data:`COMPRESSORS` is checked when this module is imported.
+``fp16_compress_wrapper`` does; the others all-gather every rank's payload
+(:meth:`Comm.allgather_async <trainers.comm.base.Comm.allgather_async>`: on the exchange the
+all-reduce uses, ``comm.allreduce``) and average the decoded buffers. The registry
+:data:`COMPRESSORS` is checked when this module is imported.
 """
 
 from __future__ import annotations
@@ -350,7 +352,8 @@ class CompressedExchange:
     """Exchange hook ``hook(comm, flat) -> Work`` that averages ``flat`` over ranks in compressed form.
 
     Summable codes (fp16, bf16) all-reduce the half-precision payload (``fp16_compress_wrapper``
-    style). Other codes all-gather every rank's packed payload, then each rank decodes all of them
+    style). Other codes all-gather every rank's packed payload (``Comm.allgather_async``, on the
+    all-reduce's transport), then each rank decodes all of them
     in rank order and writes the mean into ``flat`` (identical on every rank). Codes that need it
     run through :class:`ErrorFeedback`, with one residual per exchanged buffer, keyed by its storage
     (the strategies exchange persistent buffers: sync's buckets, local_sgd's delta buffer).
@@ -378,7 +381,8 @@ class CompressedExchange:
             payload = code.encode(flat)
             own = None
         gathered = [torch.empty_like(payload) for _ in range(comm.world_size)]
-        work = comm.all_gather(gathered, payload, async_op=True)
+        # on the all-reduce's transport (comm.allreduce: direct / ring / gloo), not always gloo's
+        work = comm.allgather_async(gathered, payload)
 
         def average(_: Any) -> torch.Tensor:
             total = torch.zeros(flat.numel(), dtype=torch.float32, device=flat.device)

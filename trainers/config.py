@@ -305,14 +305,20 @@ class CommConfig:
 
     backend: Literal["gloo", "nccl", "tcp"] = "gloo"
     timeout_s: float = 300.0
-    # Every algorithm's all-reduce (trainers/comm/, Comm.allreduce_async): ours over
+    # Every algorithm's all-reduce and all-gather (trainers/comm/, Comm.allreduce_async and
+    # allgather_async; all-gather: direct or ring, recursive_doubling's is the ring): ours over
     # point-to-point messages on background threads (auto: direct exchange for small payloads,
     # ring for large; ring; direct; recursive_doubling) or gloo, the backend's own collective (the
     # reference). nccl keeps its own collective under auto; tcp is always its crash-tolerant star.
     allreduce: Literal["auto", "ring", "direct", "recursive_doubling", "gloo"] = "auto"
+    # Background collectives (all-reduces, all-gathers) in flight at once per rank; more wait and
+    # start in launch order. The real comm's threads and the simulator both obey it. The default
+    # is trainers.comm.MAX_IN_FLIGHT (a literal here: this module does not import torch).
+    max_in_flight: int = 4
 
     def __post_init__(self) -> None:
         require_float("timeout_s", self.timeout_s, minimum=0.0, min_exclusive=True)
+        require_int("max_in_flight", self.max_in_flight, minimum=1)
 
 
 @dataclass

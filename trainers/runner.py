@@ -104,8 +104,8 @@ def run(config: Config, comm_factory: Optional[Callable[[], Comm]] = None) -> Ru
             backend=comm.transport if comm_factory is not None else config.comm.backend,
             # which GPU (None on CPU), the backend asked for and the one run, and the launcher's why
             placement=_placement(device, requested_backend, config.comm.backend, os.environ),
-            # which all-reduce: "gloo" or "ours:<algorithm>" (comm.allreduce); ddp's reducer is torch's own
-            transport=comm.transport if get_algorithm(config.algorithm.name).measures_blocked_time else config.comm.backend,
+            # which all-reduce: "gloo" or "ours:<algorithm>" (comm.allreduce; ddp's too, through its comm hook)
+            transport=comm.transport,
         )
         result = _train(config, comm, writer, device)
         writer.write("status", status="ok", steps=result.steps, stop_reason=result.stop_reason,
@@ -139,7 +139,8 @@ def _make_comm(config: Config, device: torch.device) -> Comm:
     """The communication layer of ``config``'s backend (decided by ``with_launcher_backend``)."""
     if uses_elastic_comm(config):
         return TcpComm(config.comm.timeout_s, device)
-    return TorchComm(config.comm.backend, config.comm.timeout_s, device, config.comm.allreduce)
+    return TorchComm(config.comm.backend, config.comm.timeout_s, device, config.comm.allreduce,
+                     config.comm.max_in_flight)
 
 
 def _device(config: Config) -> torch.device:

@@ -2,6 +2,7 @@
 accounts the bytes it sends, and progresses in the background while the caller computes."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -77,3 +78,207 @@ def test_background_allreduce_overlaps_compute(spawn_ranks, tmp_path):
             # had it progressed only inside wait(), the wait would take the same rounds of delay
             assert overlapped["blocked_s"] < 0.5 * rounds * one_way_delay_s, (rank, algorithm, overlapped)
             assert overlapped["wall_s"] >= compute_s
+
+
+# ---------------------------------------------------------------------------------------------
+# allgather_async: the all-gather on the all-reduce's exchange (direct / ring)
+
+
+def _run_in_threads(n, body):
+    """Run ``body(rank, exchange)`` for every rank on its own thread over in-process mailboxes;
+    ``exchange(sends, receives)`` as the comm's: posts every send, then fills every receive."""
+    import queue
+    import threading
+
+    boxes = {(src, dst): queue.Queue() for src in range(n) for dst in range(n) if src != dst}
+    errors = []
+
+    def exchange_for(rank):
+        def exchange(sends, receives):
+            for tensor, peer in sends:
+                boxes[(rank, peer)].put(tensor.clone())
+            for tensor, peer in receives:
+                tensor.copy_(boxes[(peer, rank)].get(timeout=10))
+        return exchange
+
+    def run(rank):
+        try:
+            body(rank, exchange_for(rank))
+        except BaseException as error:  # surfaced below, on the test's thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not errors, errors
+    assert all(boxes[key].empty() for key in boxes), "a message was sent that nobody received"
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
+@pytest.mark.parametrize("name", ["direct", "ring"])
+def test_allgather_algorithms_give_every_rank_every_part(name, n):
+    from trainers.comm.allreduce import ALLGATHER_ALGORITHMS
+
+    gathered = {}
+
+    def body(rank, exchange):
+        parts = [torch.full((7,), -1.0) for _ in range(n)]
+        parts[rank].copy_(torch.arange(7.0) + 100 * rank)
+        ALLGATHER_ALGORITHMS[name](parts, rank, n, exchange)
+        gathered[rank] = parts
+
+    _run_in_threads(n, body)
+    for rank in range(n):
+        assert [p.tolist() for p in gathered[rank]] == [(torch.arange(7.0) + 100 * r).tolist() for r in range(n)]
+
+
+def test_allgather_follows_the_allreduce_setting_and_accounts_n_minus_1_tensors():
+    from trainers.comm import Comm, allgather_bytes
+    from trainers.comm.allreduce import resolve_allgather
+
+    payload = torch.zeros(1000, dtype=torch.uint8)
+    big = torch.zeros(DIRECT_MAX_BYTES // 3 + 1, dtype=torch.uint8)  # (4-1) x bytes just over the limit
+    assert [resolve_allgather(a, payload, 4) for a in ("auto", "direct", "ring", "recursive_doubling", "gloo")] == \
+        ["direct", "direct", "ring", "ring", "gloo"]
+    assert resolve_allgather("auto", big, 4) == "ring"
+    assert allgather_bytes("ring", 4, payload) == allgather_bytes("direct", 4, payload) == (3000, 3000)
+
+    class LaunchOnly(Comm):
+        """Overrides only the all-gather's launch hook: records it, fills nothing."""
+
+        launches = []
+
+        def _launch_allgather(self, outputs, tensor, algorithm, tag):
+            self.launches.append((algorithm, tag))
+            return (lambda: outputs), (lambda: True)
+
+        def _launch(self, tensor, op, algorithm, tag):
+            return (lambda: tensor), (lambda: True)
+
+        _all_reduce = _broadcast = _all_gather = _isend = _irecv = _barrier = None
+
+    comm = LaunchOnly(1, 4, allreduce="ring")
+    outputs = [torch.empty_like(payload) for _ in range(4)]
+    assert comm.allgather_async(outputs, payload).wait() is outputs
+    comm.allreduce_async(torch.ones(4))  # an all-reduce between: it takes the tag in between
+    comm.allgather_async(outputs, payload, algorithm="direct")
+    # one launch order (and tag sequence) for every background collective
+    assert comm.launches == [("ring", 0), ("direct", 2)]
+    per_op = comm.stats.per_op["all_gather"]
+    assert (per_op.calls, per_op.bytes_sent, per_op.bytes_recv) == (2, 6000, 6000)
+    with pytest.raises(ValueError, match="outputs: need 4 tensors"):
+        comm.allgather_async(outputs[:3], payload)
+    with pytest.raises(ValueError, match="outputs: every tensor must be"):
+        comm.allgather_async([torch.empty(3)] * 4, payload)
+
+
+def test_max_in_flight_is_one_setting_checked_at_once():
+    from trainers.comm import MAX_IN_FLIGHT, Comm
+    from trainers.config import CommConfig, ConfigError
+
+    world_of_one = type("WorldOfOne", (Comm,), {name: None for name in Comm.__abstractmethods__})
+    assert CommConfig().max_in_flight == MAX_IN_FLIGHT == world_of_one(0, 1).max_in_flight == 4
+    assert world_of_one(0, 2, max_in_flight=9)._pool()._max_workers == 9  # the thread pool obeys it
+    with pytest.raises(ValueError, match="max_in_flight: 0"):
+        world_of_one(0, 2, max_in_flight=0)
+    with pytest.raises(ConfigError, match="max_in_flight"):
+        CommConfig(max_in_flight=0)
+
+
+def allgather_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """allgather_async (every setting) against torch.distributed's all_gather; bytes accounted;
+    eight in flight with a limit of 2."""
+    from tests.trainers.workers import _init_env
+
+    _init_env(rank, world_size, port)
+    import torch.distributed as dist
+
+    from trainers.comm import TorchComm
+
+    comm = TorchComm("gloo", timeout_s=60, allreduce="ring", max_in_flight=2)
+    rows = []
+    generator = torch.Generator().manual_seed(7 + rank)
+    for numel, dtype in ((1, torch.float32), (1037, torch.float32), (100_003, torch.uint8)):
+        data = (torch.randn(numel, generator=generator) * 50).to(dtype)
+        reference = [torch.empty_like(data) for _ in range(world_size)]
+        dist.all_gather(reference, data)
+        for algorithm in ("ring", "direct", "auto", "gloo", None):
+            outputs = [torch.full_like(data, 3) for _ in range(world_size)]
+            before = (comm.stats.per_op["all_gather"].bytes_sent, comm.stats.per_op["all_gather"].bytes_recv)
+            returned = comm.allgather_async(outputs, data.clone(), algorithm=algorithm).wait()
+            rows.append({"numel": numel, "algorithm": str(algorithm), "same_list": returned is outputs,
+                         "equal": all(torch.equal(o, r) for o, r in zip(outputs, reference)),
+                         "sent": comm.stats.per_op["all_gather"].bytes_sent - before[0],
+                         "recv": comm.stats.per_op["all_gather"].bytes_recv - before[1],
+                         "nbytes": numel * data.element_size()})
+    # eight background collectives at once, all-gathers and all-reduces mixed, on two threads
+    works = []
+    for k in range(8):
+        if k % 2:
+            works.append(comm.allreduce_async(torch.full((11,), float(rank + k)), algorithm="direct"))
+        else:
+            outputs = [torch.empty(5) for _ in range(world_size)]
+            works.append(comm.allgather_async(outputs, torch.full((5,), float(10 * rank + k))))
+    in_flight = [w.wait()[0].item() if k % 2 else [o[0].item() for o in w.wait()] for k, w in enumerate(works)]
+    threads = comm._background._max_workers
+    comm.shutdown()
+    Path(out_dir, f"allgather{rank}.json").write_text(json.dumps({"rows": rows, "in_flight": in_flight,
+                                                                  "threads": threads}))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_allgather_async_equals_torch_all_gather(spawn_ranks, tmp_path, world_size):
+    assert spawn_ranks(allgather_worker, world_size, str(tmp_path), timeout_s=120) == [0] * world_size
+    n = world_size
+    for rank in range(n):
+        output = json.loads((tmp_path / f"allgather{rank}.json").read_text())
+        assert len(output["rows"]) == 3 * 5
+        for row in output["rows"]:
+            assert row["equal"] and row["same_list"], (rank, row)
+            assert row["sent"] == row["recv"] == (n - 1) * row["nbytes"], (rank, row)
+        assert output["threads"] == 2
+        assert output["in_flight"] == [[10.0 * r + k for r in range(n)] if k % 2 == 0 else sum(range(n)) + k * n
+                                        for k in range(8)]
+
+
+def ddp_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """torch's DDP under comm.allreduce gloo (its reducer) and direct / ring (our comm hook)."""
+    from tests.trainers.test_quantized import _start_rank, train_on_digits
+
+    comm = _start_rank(rank, world_size, port)
+    results = {}
+    for transport in ("gloo", "direct", "ring"):
+        comm.allreduce_algorithm = transport
+        before = {op: (s.calls, s.bytes_sent) for op, s in comm.stats.per_op.items()}
+        result = train_on_digits(comm, "ddp", {"broadcast_buffers": False}, 5, 0.3)
+        result["ops"] = {op: (s.calls - before[op][0], s.bytes_sent - before[op][1])
+                         for op, s in comm.stats.per_op.items()}
+        result["transport"] = comm.transport
+        results[transport] = result
+    comm.shutdown()
+    Path(out_dir, f"ddp{rank}.json").write_text(json.dumps(results))
+
+
+@pytest.mark.slow
+def test_ddp_runs_on_our_transport_through_its_comm_hook(spawn_ranks, tmp_path):
+    assert spawn_ranks(ddp_worker, 3, str(tmp_path), timeout_s=240) == [0] * 3
+    for rank in range(3):
+        results = json.loads((tmp_path / f"ddp{rank}.json").read_text())
+        reducer = results["gloo"]
+        d = reducer["numel"]
+        # torch's reducer: no all_reduce through our comm, its bytes accounted from the ring model
+        assert reducer["ops"]["all_reduce"][0] == 0 and reducer["transport"] == "gloo"
+        assert reducer["bytes_sent"] == [2 * 2 * 4 * d // 3] * 5
+        for transport, per_rank_bytes in (("direct", 2 * 4 * d), ("ring", None)):
+            ours = results[transport]
+            assert ours["transport"] == f"ours:{transport}"
+            calls, sent = ours["ops"]["all_reduce"]
+            assert calls >= 5 and ours["ops"]["external"][0] == 0, ours["ops"]  # every step's bucket(s) on ours
+            if per_rank_bytes is not None:
+                assert sent == 5 * per_rank_bytes
+            # the same average, summed in another order: float32 rounding apart
+            difference = max(abs(a - b) for a, b in zip(ours["params"], reducer["params"]))
+            assert difference < 1e-5, (transport, rank, difference)

@@ -236,3 +236,45 @@ def test_replicas_stay_identical_with_every_code(four_ranks):
     for label in four_ranks[0]:
         for rank in range(1, 4):
             assert four_ranks[rank][label]["params"] == four_ranks[0][label]["params"], (label, rank)
+
+
+# ---------------------------------------------------------------------------------------------
+# The transport: non-summable payloads all-gathered on the all-reduce's exchange (comm.allreduce)
+
+TRANSPORT_RUNS = {
+    "qsgd": {"compressor": "qsgd"},
+    "onebit": {"compressor": "onebit"},
+    "topk": {"compressor": "topk", "ratio": 0.05},
+    "qsgd_local": {"base": "local_sgd", "compressor": "qsgd", "H": 2},
+}
+
+
+def transports_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """Train each of TRANSPORT_RUNS for 6 steps under each all-gather transport; write the results."""
+    comm = _start_rank(rank, world_size, port)
+    results = {}
+    for transport in ("gloo", "direct", "ring"):
+        comm.allreduce_algorithm = transport
+        for label, params in TRANSPORT_RUNS.items():
+            calls = comm.stats.per_op["all_gather"].calls
+            result = train_on_digits(comm, "quantized", params, 6, 0.3)
+            result["all_gathers"] = comm.stats.per_op["all_gather"].calls - calls
+            results[f"{transport}/{label}"] = result
+    comm.shutdown()
+    Path(out_dir, f"transports{rank}.json").write_text(json.dumps(results))
+
+
+@pytest.mark.slow
+def test_compressed_payloads_decode_the_same_on_every_transport(spawn_ranks, tmp_path):
+    # The same payloads reach every rank whichever exchange carries them, and are decoded in
+    # rank order: the parameters are equal bit for bit, and so are the bytes counted.
+    assert spawn_ranks(transports_worker, 3, str(tmp_path), timeout_s=240) == [0] * 3
+    results = [json.loads((tmp_path / f"transports{rank}.json").read_text()) for rank in range(3)]
+    for label in TRANSPORT_RUNS:
+        assert results[0][f"gloo/{label}"]["all_gathers"] > 0, label
+        for transport in ("direct", "ring"):
+            for rank in range(3):
+                gloo, ours = results[rank][f"gloo/{label}"], results[rank][f"{transport}/{label}"]
+                assert ours["params"] == gloo["params"], (label, transport, rank)
+                assert ours["bytes_sent"] == gloo["bytes_sent"], (label, transport, rank)
+                assert ours["all_gathers"] == gloo["all_gathers"], (label, transport, rank)

@@ -436,3 +436,111 @@ def test_a_rank_killed_in_its_start_up_does_not_hold_the_others_at_the_start_lin
 
     sim.run([lambda r=r: body(r) for r in range(3)], [(0.3, lambda s: s.crash(1))])
     assert sorted(log) == [(0, pytest.approx(0.3)), (2, pytest.approx(0.4))]
+
+
+# ---------------------------------------------------------------------------------------------
+# One concurrency limit for background collectives (comm.max_in_flight), and the all-gather
+
+
+@pytest.mark.parametrize("limit, finish_rounds, peak", [(4, [1] * 4 + [2] * 4 + [3], 4), (100, [1] * 9, 9)])
+def test_background_collectives_beyond_the_limit_start_when_one_finishes(limit, finish_rounds, peak):
+    # 9 direct all-reduces launched at once on 2 ranks; one takes a round trip (the receiver's
+    # "ready" notice, then the tensor) = 0.1 s on a network this fast: with 4 allowed in flight,
+    # the 5th..8th start when the first four finish, the 9th after those (queueing in virtual time)
+    def body(sim, comm, log):
+        comm.max_in_flight = limit
+        tensors = [torch.full((4,), float(comm.rank + k)) for k in range(9)]
+        works = [comm.allreduce_async(t, "sum", algorithm="direct") for t in tensors]
+        done = []
+        for work in works:
+            work.wait()
+            done.append(sim.now)
+        log.append((comm.rank, done, [t[0].item() for t in tensors], comm.peak_in_flight))
+
+    for rank, done, values, seen_peak in simulate(2, body, network(2, 0.05, 1e12)):
+        assert done == pytest.approx([0.1 * k for k in finish_rounds])
+        assert values == [1.0 + 2 * k for k in range(9)]
+        assert seen_peak == peak
+
+
+def test_allgather_on_sim_follows_the_setting_direct_in_one_round_trip_ring_in_n_minus_1_steps():
+    def body(sim, comm, log):
+        for algorithm in ("direct", "ring", "gloo"):
+            start = sim.now
+            outputs = [torch.zeros(3) for _ in range(3)]
+            comm.allgather_async(outputs, torch.full((3,), float(comm.rank)), algorithm=algorithm).wait()
+            log.append((algorithm, comm.rank, round(sim.now - start, 9), [o.tolist() for o in outputs]))
+
+    log = simulate(3, body, network(3, 0.05, 1e12))
+    expected = [[float(r)] * 3 for r in range(3)]
+    for algorithm, rank, took, outputs in log:
+        assert outputs == expected, (algorithm, rank)
+        # direct: every rank's notice, then its tensor (a round trip); ring: 2 steps of a round
+        # trip each, the first's notice overlapping nothing; gloo's own all_gather: modelled as the ring
+        assert took == pytest.approx({"direct": 0.1, "ring": 0.2, "gloo": 0.2}[algorithm]), (algorithm, rank)
+
+
+def dts_period(tmp_path, name, limit, compute_s, t=8):
+    """DTS p=1 on 2 ranks: the mean step time over 72 steady steps (whole cycles of 4, 8 and 9)."""
+    cfg = config(tmp_path, name, steps=90, algorithm={"name": "dts", "params": {"p": 1, "t": t}},
+                 comm={"max_in_flight": limit})
+    run_simulated(cfg, 2, network(2, 0.05, 125e6), ComputeModel(compute_s, 0.0))
+    times = [r["time_s"] for r in records(tmp_path / name, 0, "step")]
+    return (times[88] - times[16]) / 72
+
+
+def test_dts_with_8_all_reduces_in_flight_is_throttled_to_the_limit(tmp_path):
+    # One all-reduce (direct, 2 ranks) takes A = a round trip + bytes / rate. DTS p=1 t=8: step s
+    # computes (c), launches its all-reduce and waits for the one of step s-8. Unthrottled, that
+    # one was launched c + A before: a cycle of t+1 steps lasts A + c (A > t c), 8-9 in flight.
+    # With L < t+1 allowed, one starts only when the one launched L before has finished: A / L
+    # a step (the real comm's 4 threads do the same).
+    nbytes = 4 * (64 * 32 + 32 + 32 * 10 + 10)
+    all_reduce_s, compute_s = 2 * 0.05 + nbytes / 125e6, 0.001
+    assert dts_period(tmp_path, "limit4", 4, compute_s) == pytest.approx(all_reduce_s / 4, rel=1e-6)
+    assert dts_period(tmp_path, "limit8", 8, compute_s) == pytest.approx(all_reduce_s / 8, rel=1e-6)
+    unthrottled = (all_reduce_s + compute_s) / 9
+    assert dts_period(tmp_path, "limit9", 9, compute_s) == pytest.approx(unthrottled, rel=1e-6)
+    assert dts_period(tmp_path, "limit1000", 1000, compute_s) == pytest.approx(unthrottled, rel=1e-6)
+
+
+def test_the_limit_is_a_workload_knob_and_a_job_under_it_is_unchanged(tmp_path):
+    # sync keeps one all-reduce in flight: the limit changes nothing, bit for bit
+    def steps(name, limit):
+        run_simulated(config(tmp_path, name, steps=15, comm={"max_in_flight": limit}), 2, network(2),
+                      ComputeModel(0.004, 0.001))
+        return [(r["time_s"], r["loss"]) for r in records(tmp_path / name, 0, "step")]
+
+    assert steps("one", 1) == steps("many", 1000)
+    # a scenario sets it for its jobs as `workload: {comm: {max_in_flight: N}}`, checked at load
+    import yaml
+
+    from harness.scenario import scenario_from_dict
+
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    document = yaml.safe_load((root / "scenarios" / "paper-dts-90x.yaml").read_text())
+    document.setdefault("workload", {})["comm"] = {"max_in_flight": 2}
+    assert {job.trainer.comm.max_in_flight for job in scenario_from_dict(document, "s.yaml").jobs} == {2}
+    document["workload"]["comm"] = {"max_in_flight": 0}
+    with pytest.raises(Exception, match="s.yaml: workload.comm.max_in_flight: must be an integer >= 1"):
+        scenario_from_dict(document, "s.yaml")
+
+
+@pytest.mark.parametrize("compressor", ["onebit", "topk"])
+def test_quantized_on_the_direct_exchange_decodes_the_same_as_on_gloos_all_gather(tmp_path, compressor):
+    # Same payloads, decoded in rank order: the same losses at every step; only the time differs
+    # (gloo's all_gather is modelled as the ring: n-1 steps; direct: one round trip). Deterministic
+    # codes only: simulated ranks share one process's default generator, so a stochastic code's
+    # draws follow the order the ranks run in, which the transport's timing changes (real ranks:
+    # tests/trainers/test_quantized.py, qsgd included, bit for bit)
+    def steps(name, allreduce):
+        cfg = config(tmp_path, name, steps=12, algorithm={"name": "quantized", "params": {"compressor": compressor}},
+                     comm={"allreduce": allreduce})
+        run_simulated(cfg, 4, network(4, 0.05, 125e6), ComputeModel(0.001, 0.0))
+        return records(tmp_path / name, 0, "step")
+
+    gloo, direct = steps("gloo", "gloo"), steps("direct", "direct")
+    assert [r["loss"] for r in gloo] == [r["loss"] for r in direct]
+    assert direct[-1]["time_s"] < 0.5 * gloo[-1]["time_s"]

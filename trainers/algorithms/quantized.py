@@ -2,7 +2,9 @@
 
 Compression wraps the base strategy instead of copying it: the base runs unchanged with its
 exchange hook replaced by a :class:`~trainers.compression.CompressedExchange` (one per run, so
-error-feedback residuals persist across steps).
+error-feedback residuals persist across steps). Non-summable payloads are all-gathered with
+``Comm.allgather_async``, on the exchange every all-reduce uses (``comm.allreduce``: direct or
+ring; ``gloo``: gloo's own all_gather), so compression is compared on the transport sync gets.
 
 * ``base: sync``: each gradient bucket is compressed; the bucketer's overlap with backward stays.
 * ``base: local_sgd``: the model average exchanges the change since the last average,

@@ -1,6 +1,8 @@
 """The all-reduce algorithms of :meth:`Comm.allreduce_async <trainers.comm.base.Comm.allreduce_async>`,
 over point-to-point messages: ring, direct exchange, recursive doubling, and ``auto``'s choice
-between the first two by size (:data:`DIRECT_MAX_BYTES`).
+between the first two by size (:data:`DIRECT_MAX_BYTES`); and the all-gathers of
+:meth:`Comm.allgather_async <trainers.comm.base.Comm.allgather_async>` on the same exchange
+(direct: every rank sends its tensor to every other; ring: n-1 steps around the ring).
 
 Each algorithm is a function of the flat tensor, the reduce op, this rank, the world size and an
 ``exchange(sends, receives)`` that posts every receive and send of one round and waits for all of
@@ -27,9 +29,14 @@ ALLREDUCE_ALGORITHMS = ("auto", "ring", "direct", "recursive_doubling", "gloo")
 # (n-1) S ~ 96 MB (the delay line's CPU makes extra bytes dearer than the model says). 64 MiB
 # switches to the ring at ~22 MB per tensor for 4 ranks, on the safe side of the tie.
 DIRECT_MAX_BYTES = 64 * 2**20
-# Background all-reduces run at once (more wait for a thread, started in launch order), and the
-# number of distinct message tags they cycle through (far more than can be in flight).
-BACKGROUND_THREADS = 4
+# Background collectives (all-reduces and all-gathers of allreduce_async / allgather_async) in
+# flight at once per rank: more wait, started in launch order, as each running one finishes. The
+# default of ``comm.max_in_flight``; the real comm's thread pool and the simulator's launch
+# (trainers/sim/comm.py, queueing in virtual time) both obey the comm's setting.
+MAX_IN_FLIGHT = 4
+BACKGROUND_THREADS = MAX_IN_FLIGHT  # its former name
+# The number of distinct message tags background collectives cycle through (far more than can be
+# in flight).
 BACKGROUND_TAGS = 1024
 
 # One round of messages: (tensor, peer) to send, (tensor, peer) to receive into; returns when all are done.
@@ -67,6 +74,29 @@ def resolve_algorithm(requested: str, tensor: torch.Tensor, op: str, world_size:
     if requested == "auto":
         return "direct" if (world_size - 1) * tensor_nbytes(tensor) <= DIRECT_MAX_BYTES else "ring"
     return requested
+
+
+def resolve_allgather(requested: str, tensor: torch.Tensor, world_size: int) -> str:
+    """The all-gather to run for ``tensor`` under the all-reduce setting ``requested``: gloo (the
+    backend's own), direct, or ring; ``auto`` picks direct while (n-1) x bytes <= DIRECT_MAX_BYTES
+    (what one rank sends, as for the all-reduce), and recursive_doubling, which has no all-gather
+    here, takes the ring. Checks the arguments."""
+    if requested not in ALLREDUCE_ALGORITHMS:
+        raise ValueError(f"algorithm: {requested!r} is not one of {ALLREDUCE_ALGORITHMS}")
+    if requested == "gloo":
+        return requested
+    if not tensor.is_contiguous():
+        raise ValueError("allgather_async: tensor must be contiguous")
+    if requested == "auto":
+        return "direct" if (world_size - 1) * tensor_nbytes(tensor) <= DIRECT_MAX_BYTES else "ring"
+    return "direct" if requested == "direct" else "ring"
+
+
+def allgather_bytes(algorithm: str, n: int, flat: torch.Tensor) -> tuple[int, int]:
+    """(bytes sent, bytes received) by any rank in one all-gather of ``flat`` (direct or ring):
+    each rank's tensor reaches the n-1 others, once each way."""
+    whole = tensor_nbytes(flat)
+    return (n - 1) * whole, (n - 1) * whole
 
 
 def allreduce_bytes(algorithm: str, rank: int, n: int, flat: torch.Tensor) -> tuple[int, int]:
@@ -146,6 +176,26 @@ def recursive_doubling(flat: torch.Tensor, op: ReduceOp, rank: int, n: int, exch
             exchange([(flat, rank + power)], [])
     if op == "avg":
         flat.div_(n)
+
+
+def allgather_direct(parts: list[torch.Tensor], rank: int, n: int, exchange: Exchange) -> None:
+    """Every rank sends its part (``parts[rank]``) to every other at once: one one-way delay,
+    (n-1) parts sent."""
+    peers = [r for r in range(n) if r != rank]
+    exchange([(parts[rank], r) for r in peers], [(parts[r], r) for r in peers])
+
+
+def allgather_ring(parts: list[torch.Tensor], rank: int, n: int, exchange: Exchange) -> None:
+    """n-1 steps around the ring: at step s, pass part (rank - s) on to the right and take part
+    (rank - s - 1) from the left; (n-1) parts sent, bandwidth-optimal, (n-1) one-way delays."""
+    right, left = (rank + 1) % n, (rank - 1) % n
+    for step in range(n - 1):
+        exchange([(parts[(rank - step) % n], right)], [(parts[(rank - step - 1) % n], left)])
+
+
+# The background all-gathers by name (the setting's "gloo" is the backend's own all_gather).
+ALLGATHER_ALGORITHMS: dict[str, Callable[[list[torch.Tensor], int, int, Exchange], None]] = {
+    "direct": allgather_direct, "ring": allgather_ring}
 
 
 # The background algorithms by name ("gloo" is the backend's own collective, not one of these).

@@ -17,6 +17,10 @@ base class's own calls, e.g. message streams):
 hands the exchange to :meth:`Comm._launch`, which runs our own algorithms
 (:mod:`trainers.comm.allreduce`) on background threads over :meth:`Comm.tagged_isend` /
 :meth:`Comm.tagged_irecv`; the simulator's comm overrides ``_launch`` alone.
+:meth:`Comm.allgather_async` is the same template for the all-gather (hook
+:meth:`Comm._launch_allgather`), on the same setting, so that non-summable payloads (compression)
+travel on the transport the all-reduce does. Both share one limit, ``max_in_flight``
+(``comm.max_in_flight``): background collectives running at once per rank.
 """
 
 from __future__ import annotations
@@ -31,8 +35,9 @@ import torch
 
 from trainers import clock
 
-from .allreduce import (ALGORITHMS, ALLREDUCE_ALGORITHMS, BACKGROUND_TAGS, BACKGROUND_THREADS, AllReduceAlgorithm,
-                        ReduceOp, allreduce_bytes, resolve_algorithm, tensor_nbytes)
+from .allreduce import (ALGORITHMS, ALLGATHER_ALGORITHMS, ALLREDUCE_ALGORITHMS, BACKGROUND_TAGS, MAX_IN_FLIGHT,
+                        AllReduceAlgorithm, ReduceOp, allgather_bytes, allreduce_bytes, resolve_algorithm,
+                        resolve_allgather, tensor_nbytes)
 from .streams import ThreadedStreamDriver
 
 OPS = ("all_reduce", "broadcast", "all_gather", "send", "recv", "isend", "irecv", "barrier", "external")
@@ -154,9 +159,15 @@ class Comm(ABC):
     # elastic backend's restarted process rejoins (trainers/comm/tcp.py).
     generation = 0
 
-    def __init__(self, rank: int, world_size: int, allreduce: AllReduceAlgorithm = "gloo"):
+    def __init__(self, rank: int, world_size: int, allreduce: AllReduceAlgorithm = "gloo",
+                 max_in_flight: int = MAX_IN_FLIGHT):
         if allreduce not in ALLREDUCE_ALGORITHMS:
             raise ValueError(f"allreduce: {allreduce!r} is not one of {ALLREDUCE_ALGORITHMS}")
+        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
+            raise ValueError(f"max_in_flight: {max_in_flight!r} is not a whole number >= 1")
+        # Background collectives (allreduce_async, allgather_async) running at once on this rank;
+        # more wait, started in launch order (comm.max_in_flight in the config).
+        self.max_in_flight = max_in_flight
         self.rank = rank
         self.world_size = world_size
         self.stats = CommStats()
@@ -252,8 +263,8 @@ class Comm(ABC):
                         algorithm: Optional[AllReduceAlgorithm] = None) -> Work:
         """Start reducing ``tensor`` over all ranks in place; returns a :class:`Work` (``wait()`` returns it).
 
-        Runs on this comm's background threads (up to BACKGROUND_THREADS all-reduces at once,
-        started in launch order, each with its own message tag; every rank must launch the same
+        Runs on this comm's background threads (up to ``max_in_flight`` background collectives at
+        once, started in launch order, each with its own message tag; every rank must launch the same
         sequence), so it progresses while the caller computes; only ``wait()`` is blocked time.
         Results are bitwise equal on every rank and from run to run.
 
@@ -281,6 +292,46 @@ class Comm(ABC):
         self._launched += 1
         return self._run("all_reduce", sent, recv, True, lambda: self._launch(tensor, op, algorithm, tag))
 
+    def allgather_async(self, outputs: list[torch.Tensor], tensor: torch.Tensor,
+                        algorithm: Optional[AllReduceAlgorithm] = None) -> Work:
+        """Start gathering every rank's ``tensor`` into ``outputs`` (``outputs[r]``: rank r's), on
+        the exchange the all-reduce uses; returns a :class:`Work` (``wait()`` returns ``outputs``).
+
+        The all-reduce's template: the same setting (``algorithm`` None: this comm's
+        ``allreduce_algorithm``), the same background threads, limit and launch order (every rank
+        must launch the same sequence of background collectives), one message tag each; only
+        ``wait()`` is blocked time. Accounted as ``all_gather``: (n-1) tensors each way.
+
+        Args:
+            outputs: one contiguous tensor per rank, each shaped and typed as ``tensor``; not to be
+                touched before ``wait()``.
+            tensor: contiguous; the same shape and type on every rank.
+            algorithm: direct (every rank sends its tensor to every other: one one-way delay) |
+                ring (n-1 steps around the ring) | gloo (the backend's own all_gather) | auto
+                (direct while (n-1) x bytes <= DIRECT_MAX_BYTES, else ring) | recursive_doubling
+                (no all-gather of its own: the ring) | None (this comm's).
+        """
+        n = self.world_size
+        if len(outputs) != n:
+            raise ValueError(f"outputs: need {n} tensors, got {len(outputs)}")
+        for output in outputs:
+            if output.shape != tensor.shape or output.dtype != tensor.dtype or not output.is_contiguous():
+                raise ValueError(f"outputs: every tensor must be contiguous, of shape {tuple(tensor.shape)} and "
+                                 f"{tensor.dtype}; got {tuple(output.shape)} {output.dtype}")
+        algorithm = resolve_allgather(self.allreduce_algorithm if algorithm is None else algorithm, tensor, n)
+        if algorithm == "gloo":
+            return self.all_gather(outputs, tensor, async_op=True).then(lambda _: outputs)
+        if n == 1:
+            def copy():
+                outputs[0].copy_(tensor)
+                return outputs
+            return self._run("all_gather", 0, 0, True, lambda: (copy, (lambda: True)))
+        sent, recv = allgather_bytes(algorithm, n, tensor)
+        tag = self._launched % BACKGROUND_TAGS  # one tag sequence with the all-reduces: one launch order
+        self._launched += 1
+        return self._run("all_gather", sent, recv, True,
+                         lambda: self._launch_allgather(outputs, tensor, algorithm, tag))
+
     def _allreduce_algorithm_for(self, tensor: torch.Tensor, op: ReduceOp,
                                  algorithm: Optional[AllReduceAlgorithm]) -> str:
         """The all-reduce :meth:`allreduce_async` runs for ``tensor``: the one named, else this
@@ -296,11 +347,29 @@ class Comm(ABC):
         (the simulator) overrides this alone; the checks, accounting and tags stay the template's."""
         flat = tensor.view(-1)
         run = ALGORITHMS[algorithm]
-        if self._background is None:
-            self._background = ThreadPoolExecutor(BACKGROUND_THREADS, thread_name_prefix=f"allreduce-rank{self.rank}")
-        future: Future = self._background.submit(run, flat, op, self.rank, self.world_size,
-                                                 lambda sends, recvs: self._p2p(tag, sends, recvs))
+        future: Future = self._pool().submit(run, flat, op, self.rank, self.world_size,
+                                             lambda sends, recvs: self._p2p(tag, sends, recvs))
         return (lambda: (future.result(), tensor)[1]), future.done
+
+    def _launch_allgather(self, outputs: list[torch.Tensor], tensor: torch.Tensor, algorithm: str,
+                          tag: int) -> tuple[Callable, Callable]:
+        """Start one all-gather of :meth:`allgather_async` (``algorithm``: direct or ring); the
+        all-gather's :meth:`_launch`, on the same background threads. The simulator overrides it."""
+        parts = [output.view(-1) for output in outputs]
+        # this rank's part is sent from its slot of outputs, filled now: the caller may reuse its
+        # tensor as soon as the launch returned
+        parts[self.rank].copy_(tensor.detach().reshape(-1))
+        run = ALLGATHER_ALGORITHMS[algorithm]
+        future: Future = self._pool().submit(run, parts, self.rank, self.world_size,
+                                             lambda sends, recvs: self._p2p(tag, sends, recvs))
+        return (lambda: (future.result(), outputs)[1]), future.done
+
+    def _pool(self) -> ThreadPoolExecutor:
+        """The background threads: ``max_in_flight`` of them, so at most that many background
+        collectives run at once and the rest start in launch order (the same on every rank)."""
+        if self._background is None:
+            self._background = ThreadPoolExecutor(self.max_in_flight, thread_name_prefix=f"allreduce-rank{self.rank}")
+        return self._background
 
     # -- the background all-reduce's transport (on the background thread; not accounted here) ----
 

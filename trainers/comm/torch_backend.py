@@ -8,7 +8,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .allreduce import AllReduceAlgorithm
+from .allreduce import MAX_IN_FLIGHT, AllReduceAlgorithm
 from .base import Comm, require_torchrun_env
 from .streams import ThreadedStreamDriver
 
@@ -29,7 +29,7 @@ class TorchComm(Comm):
     """
 
     def __init__(self, backend: str = "gloo", timeout_s: float = 300.0, device: torch.device | str = "cpu",
-                 allreduce: AllReduceAlgorithm = "gloo"):
+                 allreduce: AllReduceAlgorithm = "gloo", max_in_flight: int = MAX_IN_FLIGHT):
         import torch.distributed as dist
 
         self._dist = dist
@@ -45,7 +45,7 @@ class TorchComm(Comm):
         # are not safe from a second thread: "auto" means NCCL's collective there.
         if backend == "nccl" and allreduce == "auto":
             allreduce = "gloo"
-        super().__init__(dist.get_rank(), dist.get_world_size(), allreduce)
+        super().__init__(dist.get_rank(), dist.get_world_size(), allreduce, max_in_flight)
 
     @property
     def transport(self) -> str:

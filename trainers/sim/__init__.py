@@ -216,7 +216,7 @@ def run_simulated(config: Config, world_size: int, network, compute: ComputeMode
     def comm(rank: int, generation: int):
         if elastic:
             return ElasticSimComm(sim, rank, generation)
-        return SimComm(sim, rank, config.comm.allreduce)
+        return SimComm(sim, rank, config.comm.allreduce, config.comm.max_in_flight)
 
     def target(rank: int, generation: int = 0) -> Callable[[], None]:
         def body():

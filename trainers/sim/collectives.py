@@ -49,9 +49,17 @@ def ring_allreduce(entered: np.ndarray, network, nbytes: float) -> np.ndarray:
 
 
 def ring_allgather(entered: np.ndarray, network, nbytes: float) -> np.ndarray:
-    """n-1 steps, each passing one rank's whole tensor to the right."""
+    """n-1 steps, each passing one rank's whole tensor to the right (trainers/comm/allreduce.py
+    ``allgather_ring``; gloo's own all_gather is modelled by it too)."""
     n = len(entered)
     return entered.copy() if n == 1 else _ring(entered, network, nbytes, n - 1)
+
+
+def direct_allgather(entered: np.ndarray, network, nbytes: float) -> np.ndarray:
+    """Every rank sends its tensor to every other at once (trainers/comm/allreduce.py
+    ``allgather_direct``): the direct all-reduce's messages exactly (it only sums what arrived),
+    so its time is :func:`direct`'s."""
+    return direct(entered, network, nbytes)
 
 
 def direct(entered: np.ndarray, network, nbytes: float) -> np.ndarray:

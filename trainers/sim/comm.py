@@ -6,8 +6,11 @@ completes when its last byte left, the receive when it arrived; messages are mat
 by source and tag, in posting order.
 Collectives complete when the collective model (``trainers.sim.collectives``) says each rank is
 done, counted from the moment each rank entered them; their results are exact (reduced in rank
-order, so every rank gets the same bits). The base class's accounting (bytes by the textbook
-model, blocked time) is unchanged, measured on the virtual clock.
+order, so every rank gets the same bits). Background collectives (``allreduce_async``,
+``allgather_async``) obey the comm's ``max_in_flight`` as the real comm's threads do: one launched
+while that many of this rank's are unfinished enters when the earliest-launched waiting one can
+start, i.e. when one of the running ones finishes (queueing in virtual time). The base class's
+accounting (bytes by the textbook model, blocked time) is unchanged, measured on the virtual clock.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from trainers.comm import COMBINE, STREAM_TAG, Comm, tensor_nbytes
+from trainers.comm import COMBINE, MAX_IN_FLIGHT, STREAM_TAG, Comm, tensor_nbytes
 
 from . import collectives
 from .engine import Completion, Simulator
@@ -177,14 +180,16 @@ class Exchange:
         receive.source = message.src
         self.sim.complete(receive.done)
 
-    def enter(self, seq: int, op: str, key: tuple, rank: int, payload, finish: Callable) -> Completion:
-        """Rank ``rank`` enters its ``seq``-th collective; when the last rank has entered, every
-        rank's result is computed and written at its finish time. Returns its Completion."""
+    def enter(self, seq: int, op: str, key: tuple, rank: int, payload, finish: Callable,
+              done: Optional[Completion] = None) -> Completion:
+        """Rank ``rank`` enters its ``seq``-th collective now; when the last rank has entered, every
+        rank's result is computed and written at its finish time. Returns its Completion (``done``
+        when given: a queued background collective's, made at its launch)."""
         collective = self.collectives.setdefault(seq, _Collective(op, key))
         if (collective.op, collective.key) != (op, key):
             raise RuntimeError(f"collective #{seq}: rank {rank} called {op}{key}, another rank {collective.op}"
                                f"{collective.key}: every rank must call the same collectives in the same order")
-        done = Completion(what=f"{op} #{seq}")
+        done = done or Completion(what=f"{op} #{seq}")
         collective.entered[rank] = self.sim.now
         collective.inputs[rank] = payload
         collective.finish[rank] = (finish, done)
@@ -223,7 +228,9 @@ class Exchange:
             times = collectives.broadcast(entered, network, nbytes, src)
             results = [collective.inputs[src]] * n
         elif op == "all_gather":
-            times = collectives.ring_allgather(entered, network, key[0])
+            algorithm, nbytes = key[0], key[1]  # gloo's own all_gather: modelled as the ring
+            model = collectives.direct_allgather if algorithm == "direct" else collectives.ring_allgather
+            times = model(entered, network, nbytes)
             results = [[collective.inputs[r] for r in range(n)]] * n
         elif op == "barrier":
             times = collectives.direct(entered, network, 0.0)
@@ -281,13 +288,16 @@ class SimStreamDriver:
 class SimComm(Comm):
     """One rank's comm layer in a simulated job (see the module docstring)."""
 
-    def __init__(self, sim: Simulator, rank: int, allreduce: str = "auto"):
-        super().__init__(rank, sim.world_size, allreduce)
+    def __init__(self, sim: Simulator, rank: int, allreduce: str = "auto", max_in_flight: int = MAX_IN_FLIGHT):
+        super().__init__(rank, sim.world_size, allreduce, max_in_flight)
         self.sim = sim
         if not hasattr(sim, "exchange"):
             sim.exchange = Exchange(sim)
         self.exchange: Exchange = sim.exchange
         self._collectives = 0
+        self._running = 0          # background collectives entered and not finished (<= max_in_flight)
+        self._queued: list = []    # launched beyond the limit, in launch order: their entries
+        self.peak_in_flight = 0    # the most background collectives this rank had running at once
 
     @property
     def transport(self) -> str:
@@ -329,13 +339,18 @@ class SimComm(Comm):
 
     # -- collectives -----------------------------------------------------------------------------
 
-    def _collective(self, op: str, key: tuple, payload, write: Callable):
+    def _collective(self, op: str, key: tuple, payload, write: Callable, background: bool = False):
+        """Enter this rank's next collective (its sequence number taken now, at the call); a
+        background one within ``max_in_flight`` (:meth:`_within_limit`)."""
         self.sim.settle()
         seq = self._collectives
         self._collectives += 1
-        return self.exchange.enter(seq, op, key, self.rank, payload, write)
+        if not background:
+            return self.exchange.enter(seq, op, key, self.rank, payload, write)
+        return self._within_limit(lambda done: self.exchange.enter(seq, op, key, self.rank, payload, write, done),
+                                f"{op} #{seq}")
 
-    def _reduce(self, tensor: torch.Tensor, op: str, algorithm: str):
+    def _reduce(self, tensor: torch.Tensor, op: str, algorithm: str, background: bool = False):
         flat = tensor.detach().reshape(-1)
 
         def write(result):
@@ -343,7 +358,7 @@ class SimComm(Comm):
                 tensor.view(-1).copy_(result)
 
         done = self._collective("all_reduce", (algorithm, tensor_nbytes(tensor), op, tensor.numel()),
-                                flat.clone(), write)
+                                flat.clone(), write, background)
         return self._handle(done, tensor)
 
     def _all_reduce(self, tensor, op):
@@ -353,8 +368,36 @@ class SimComm(Comm):
     def _launch(self, tensor: torch.Tensor, op: str, algorithm: str, tag: int):
         """:meth:`Comm.allreduce_async`'s exchange: the same algorithm, its time from the collective
         model instead of background threads (``tag`` is not needed: collectives are matched by
-        their order)."""
-        return self._reduce(tensor, op, algorithm)
+        their order), within ``max_in_flight`` (:meth:`_within_limit`)."""
+        return self._reduce(tensor, op, algorithm, background=True)
+
+    def _launch_allgather(self, outputs, tensor, algorithm: str, tag: int):
+        """:meth:`Comm.allgather_async`'s exchange: the collective model of ``algorithm`` (direct
+        or ring), within ``max_in_flight``; ``wait()`` returns ``outputs``."""
+        return self._gather(outputs, tensor, algorithm, background=True, result=outputs)
+
+    def _within_limit(self, enter: Callable[[Completion], Completion], what: str) -> Completion:
+        """Enter a background collective now if fewer than ``max_in_flight`` of this rank's are
+        running, else when the running ones have finished enough (in launch order), as the real
+        comm's thread pool starts them. ``enter(done)`` enters it into the exchange."""
+        done = Completion(what=what)
+        done.callbacks.append(self._finished)
+        if self._running < self.max_in_flight:
+            self._start_background(enter, done)
+        else:
+            self._queued.append((enter, done))
+        return done
+
+    def _start_background(self, enter: Callable[[Completion], Completion], done: Completion) -> None:
+        self._running += 1
+        self.peak_in_flight = max(self.peak_in_flight, self._running)
+        enter(done)
+
+    def _finished(self) -> None:
+        """A background collective of this rank finished (now, virtual): the next queued enters."""
+        self._running -= 1
+        if self._queued:
+            self._start_background(*self._queued.pop(0))
 
     def _broadcast(self, tensor, src):
         def write(value):
@@ -367,13 +410,17 @@ class SimComm(Comm):
         return self._handle(done, tensor)
 
     def _all_gather(self, outputs, tensor):
+        return self._gather(outputs, tensor, "gloo")
+
+    def _gather(self, outputs, tensor, algorithm: str, background: bool = False, result=None):
         def write(gathered):
             with torch.no_grad():
                 for output, value in zip(outputs, gathered):
                     output.copy_(value)
 
-        done = self._collective("all_gather", (tensor_nbytes(tensor), tensor.numel()), tensor.detach().clone(), write)
-        return self._handle(done)
+        done = self._collective("all_gather", (algorithm, tensor_nbytes(tensor), tensor.numel()),
+                                tensor.detach().clone(), write, background)
+        return self._handle(done, result)
 
     def _barrier(self):
         done = self._collective("barrier", (), None, lambda _: None)
