@@ -54,6 +54,7 @@ class DDP(Algorithm):
 
     def train_step(self, step: int, batch: tuple) -> StepResult:
         loss = self.forward_backward(batch, model=self.ddp_model)
+        self.note_sync()  # the reducer averaged the gradients during backward
         self.optimizer.step()
         self.comm.account_external(self._step_bytes_sent, self._step_bytes_recv)
         return StepResult(loss=loss)
