@@ -25,7 +25,7 @@ from . import plots
 from .paths import REPORTS_ROOT
 from . import byo
 from .results import (BYTE_COLUMNS, FAULT_COLUMNS, HEADLINE_COLUMNS, METRICS, SUMMARY_COLUMNS, RunFrames,
-                      format_bytes, injection_failed, run_frames, summarize)
+                      format_bytes, independent_training, injection_failed, run_frames, summarize)
 from .budget import EqualBudget
 from .rundir import RunDir
 
@@ -212,6 +212,31 @@ def data_source_lines(rows: pd.DataFrame) -> list[str]:
         return [f"- data: {sources[0] or unknown} (every job)"]
     return [f"- data of `{row['label']}` seed {row['seed']} at {row['network']}: {source or unknown}"
             for row, source in zip(rows.to_dict("records"), sources)]
+
+
+INDEPENDENT_TRAINING = "independent training"
+
+
+def mark_independent_training(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """One run's summary rows for the markdown table, a speedup reached before any synchronisation
+    was applied (results.independent_training) marked in its cell, and a line per such job."""
+    flagged = [independent_training(row) for row in rows.to_dict("records")]
+    if not any(flagged):
+        return rows, []
+    shown = rows.copy()
+    shown["speedup_vs_sync"] = shown["speedup_vs_sync"].astype(object)
+    lines = []
+    for index, flag in zip(rows.index, flagged):
+        if not flag:
+            continue
+        row = rows.loc[index]
+        shown.at[index, "speedup_vs_sync"] = f"{_fmt(row['speedup_vs_sync'], 'speedup_vs_sync')} ({INDEPENDENT_TRAINING})"
+        first = ("it applied none at all" if pd.isna(row.get("first_sync_step"))
+                 else f"its first was applied at step {int(row['first_sync_step'])}")
+        lines.append(f"- `{row['label']}` seed {row['seed']} at {row['network']}: **{INDEPENDENT_TRAINING}**: "
+                     f"the target was reached before any synchronisation was applied ({first}); its time to "
+                     "target is that of replicas trained apart and averaged once, not the mechanism's")
+    return shown, lines
 
 
 def incomplete_message(run: RunInfo) -> str:
@@ -516,7 +541,10 @@ def report_markdown(results: Results, figures: ReportFigures, out: Path) -> str:
     for run in results.runs:
         rows = results.summary[results.summary["run"] == run.name]
         heading = f"### {run.name}" + ("" if run.complete else " (INCOMPLETE run: partial rows)")
-        lines += [heading, "", markdown_table(rows, HEADLINE_COLUMNS), ""]
+        shown, independent = mark_independent_training(rows)
+        lines += [heading, "", markdown_table(shown, HEADLINE_COLUMNS), ""]
+        if independent:
+            lines += [*independent, ""]
         if len(rows):
             lines += [*data_source_lines(rows), ""]
         missed = budget_lines(rows)

@@ -36,7 +36,9 @@ SUMMARY_COLUMNS = [
     "accuracy_at_time_budget", "steps", "train_time_s", "steps_per_s",
     "speedup_vs_sync", "throughput_speedup_vs_sync", "accuracy_delta_vs_sync", "budget_not_reached",
     "bytes_sent_per_node", "bytes_per_step_per_node", "wire_bytes_per_node", "wire_overhead",
-    "comm_blocked_fraction", "mean_staleness", "workers", "servers", "server_bytes_sent_per_node",
+    "comm_blocked_fraction", "mean_staleness",
+    "first_sync_step", "first_sync_s", "syncs_before_target",  # evidence that the mechanism acted
+    "workers", "servers", "server_bytes_sent_per_node",
     "server_wire_bytes_per_node", "transport", "tuned", "sweep_best", "compute_s_per_step",
     "compute_comm_ratio", "time_dilation", "backend", "workload", "data_source", "wall_s",
     "congestion_control",
@@ -92,6 +94,13 @@ METRICS = {
     "wall_s": "the job's wall-clock seconds, start-up to the last rank's end (CSV).",
     "congestion_control": "the TCP congestion control in force inside the job's nodes, read there "
                           "before the job (job.json's node_stack has the other TCP sysctls; CSV).",
+    "first_sync_step": "the step in which a rank first applied a synchronisation (an average, a DTS "
+                       "correction, an elastic move, a server's update; sync: step 0); empty if none was "
+                       "applied (local_only) or the records do not count them (CSV).",
+    "first_sync_s": "the training time at the end of that step (CSV).",
+    "syncs_before_target": "synchronisations applied by the step of the first evaluation at or over the "
+                           "target (the most any rank applied); 0 marks a speedup as independent training: "
+                           "replicas trained apart, averaged only by the evaluator (CSV).",
     "data_source": "what the job trained on, from its ranks' data records: a dataset's files, or the "
                    "generator and its seed (a cifar10 job that fell back to generated images says so; CSV).",
 }
@@ -569,6 +578,7 @@ def _job_row(job: dict, ev: pd.DataFrame, st: pd.DataFrame, frames: RunFrames,
             row["comm_blocked_fraction"] = float(blocked.sum() / workers.loc[blocked.index, "step_s"].sum())
         if "staleness" in workers and workers["staleness"].notna().any():
             row["mean_staleness"] = float(workers["staleness"].dropna().mean())
+        row.update(sync_evidence(st, ev, target))
     wire = job.get("wire") or {}
     row["wire_bytes_per_node"] = _mean(sent for rank, sent in wire.items() if rank not in servers)
     if servers:
@@ -587,6 +597,42 @@ def _job_row(job: dict, ev: pd.DataFrame, st: pd.DataFrame, frames: RunFrames,
         row["wire_overhead"] = row["wire_bytes_per_node"] / row["bytes_sent_per_node"] - 1.0
     row["time_dilation"] = frames.time_dilation
     return row, median_blocked
+
+
+def sync_evidence(steps: pd.DataFrame, evals: pd.DataFrame, target: Optional[float]) -> dict:
+    """first_sync_step, first_sync_s and syncs_before_target of one job from its step records'
+    per-step ``syncs_applied`` (every rank, servers too: a server applies the updates) and its
+    evaluations; {} when the records do not count synchronisations (older runs, a user's script).
+
+    The first synchronisation is the earliest in training time on any rank. Synchronisations
+    before the target are counted per rank up to the step of the first evaluation at or over the
+    target (the model that reached it), summed per step (a restarted rank's counts start again),
+    and the largest rank's count is given; none when the target was not reached.
+    """
+    if not len(steps) or not has_values(steps, "syncs_applied"):
+        return {}
+    counts = pd.to_numeric(steps["syncs_applied"], errors="coerce").fillna(0)
+    applied = steps[counts > 0]
+    out: dict = {"first_sync_step": None, "first_sync_s": None, "syncs_before_target": None}
+    if len(applied):
+        first = applied.loc[applied["train_time_s"].idxmin()]
+        out["first_sync_step"], out["first_sync_s"] = int(first["step"]), float(first["train_time_s"])
+    if target is not None and len(evals):
+        reached = evals.sort_values("step")
+        reached = reached[reached["accuracy"] >= target]
+        if len(reached):
+            by_target = steps["step"] <= reached["step"].iloc[0]
+            out["syncs_before_target"] = int(counts[by_target].groupby(steps.loc[by_target, "rank"]).sum().max()
+                                             if by_target.any() else 0)
+    return out
+
+
+def independent_training(row) -> bool:
+    """Whether a job reached the target before any synchronisation was applied (syncs_before_target
+    0): its speedup is the replicas' own, averaged once by the evaluator, not the mechanism's."""
+    count = row.get("syncs_before_target")
+    reached = row.get("time_to_target_s")
+    return count is not None and pd.notna(count) and int(count) == 0 and reached is not None and pd.notna(reached)
 
 
 def sync_reference(table: pd.DataFrame, row, among: Optional[pd.Series] = None) -> Optional[pd.Series]:

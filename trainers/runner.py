@@ -264,6 +264,7 @@ def _train(config: Config, comm: Comm, writer: RecordWriter, device: torch.devic
         indices = sampler.next_indices()
         batch = (data.inputs(data.train_x[indices].to(device)), data.train_y[indices].to(device))
         before = comm.stats.snapshot()
+        syncs_before = algorithm.syncs_applied
         step_start = clock.perf_counter()
         result = algorithm.train_step(step, batch)
         clock.step_done()
@@ -277,7 +278,7 @@ def _train(config: Config, comm: Comm, writer: RecordWriter, device: torch.devic
             torch.cuda.synchronize(device)  # so step_s includes the GPU work launched this step
         step_s = clock.perf_counter() - step_start
         _write_step(writer, totals, step, sampler.epoch_float, lr, step_s, result, algorithm, before,
-                    comm.stats.snapshot())
+                    comm.stats.snapshot(), algorithm.syncs_applied - syncs_before)
         eval_index = schedule.index_at(step, writer.clock(), last)
         if eval_index is not None:
             _snapshot(algorithm, writer, config.output_dir, comm.rank, eval_index, step, train_start)
@@ -299,9 +300,10 @@ class _ByteTotals:
 
 
 def _write_step(writer: RecordWriter, totals: _ByteTotals, step: int, epoch: float, lr: float, step_s: float,
-                result, algorithm: Algorithm, before: tuple[int, int, float], after: tuple[int, int, float]) -> None:
+                result, algorithm: Algorithm, before: tuple[int, int, float], after: tuple[int, int, float],
+                syncs: int = 0) -> None:
     """One ``step`` record; ``before`` and ``after``: the comm's (sent, received, blocked_s)
-    around the step."""
+    around the step; ``syncs``: synchronisations the algorithm applied in it (``note_sync``)."""
     sent, recv = after[0] - before[0], after[1] - before[1]
     blocked = after[2] - before[2] if algorithm.measures_blocked_time else None
     totals.sent += sent
@@ -321,6 +323,7 @@ def _write_step(writer: RecordWriter, totals: _ByteTotals, step: int, epoch: flo
         bytes_sent_total=totals.sent,
         bytes_recv_total=totals.recv,
         staleness=result.staleness,
+        syncs_applied=syncs,  # per step, not a running total: a restarted rank's process counts from 0
     )
 
 

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 STEP_FIELDS = {
     "kind", "rank", "time_unix", "time_s", "step", "epoch", "loss", "lr", "step_s", "compute_s",
-    "comm_blocked_s", "bytes_sent", "bytes_recv", "bytes_sent_total", "bytes_recv_total", "staleness",
+    "comm_blocked_s", "bytes_sent", "bytes_recv", "bytes_sent_total", "bytes_recv_total", "staleness", "syncs_applied",
 }
 
 

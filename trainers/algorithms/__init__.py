@@ -15,6 +15,7 @@ from trainers.algorithms.dts import DTS
 from trainers.algorithms.easgd import EASGD
 from trainers.algorithms.eawild import EAWild
 from trainers.algorithms.dpsgd import DPSGD
+from trainers.algorithms.local_only import LocalOnly
 from trainers.algorithms.local_sgd import LocalSGD
 from trainers.algorithms.p3 import P3
 from trainers.algorithms.ps_sync import PSSync
@@ -37,6 +38,7 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
     DPSGD.name: DPSGD,
     ADPSGD.name: ADPSGD,
     SwarmSGD.name: SwarmSGD,
+    LocalOnly.name: LocalOnly,
 }
 
 

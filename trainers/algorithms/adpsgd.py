@@ -49,6 +49,7 @@ class ADPSGD(GossipAlgorithm):
         received = self.wait_exchange(received, works)
         if partner in received:  # else the partner is gone: a purely local step
             self.load_flat_parameters(local.add_(received[partner]).mul_(0.5))
+            self.note_sync()
         self.optimizer.step()
         return StepResult(loss=loss, staleness=0)
 

@@ -84,6 +84,9 @@ class Algorithm(ABC):
     # elastic comm (comm backend tcp). Such an algorithm treats ``PeerLost`` from an exchange as
     # "that peer is gone" and implements the rejoin hooks below where the defaults do not fit.
     tolerates_crash: ClassVar[bool] = False
+    # Synchronisations this rank has applied so far (note_sync): the evidence that the mechanism
+    # acted. The runner puts each step's count in its step record (syncs_applied).
+    syncs_applied: int = 0
 
     def __init__(self, params, ctx: AlgorithmContext):
         self.params = params
@@ -151,6 +154,13 @@ class Algorithm(ABC):
         """Every live rank, at the evaluation point of ``step``: the ranks now live, admitted, dropped."""
 
     # -- helpers for subclasses -------------------------------------------------------------------
+
+    def note_sync(self, count: int = 1) -> None:
+        """Count ``count`` synchronisations applied on this rank now: communicated information
+        that changed the model this rank holds towards the output (an average, a correction, an
+        elastic move, a server's update). Call it where the result is applied, not where it is
+        launched; a plain counter, so it costs nothing per step."""
+        self.syncs_applied += count
 
     def make_optimizer(self, parameters: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
         """The configured local optimizer (sgd with momentum/nesterov, or adamw) over ``parameters``."""

@@ -66,6 +66,7 @@ class DDP(Algorithm):
 
     def train_step(self, step: int, batch: tuple) -> StepResult:
         loss = self.forward_backward(batch, model=self.ddp_model)
+        self.note_sync()  # the reducer averaged the gradients during backward
         self.optimizer.step()
         if self._step_bytes_sent or self._step_bytes_recv:
             self.comm.account_external(self._step_bytes_sent, self._step_bytes_recv)

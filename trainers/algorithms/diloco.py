@@ -116,6 +116,7 @@ class DiLoCo(Algorithm):
                 local.copy_(global_param)
         self.state.inner_steps = 0
         self.state.rounds += 1
+        self.note_sync()
 
     def output_state(self) -> Optional[OutputState]:
         """The global model theta_g, written by rank 0 (every rank holds the same one)."""

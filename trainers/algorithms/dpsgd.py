@@ -68,5 +68,7 @@ class DPSGD(GossipAlgorithm):
         for peer, model in received.items():
             mixed.add_(model, alpha=weights[peer].item())
         self.load_flat_parameters(mixed)
+        if received:
+            self.note_sync()
         self.optimizer.step()
         return StepResult(loss=loss, staleness=0)

@@ -106,6 +106,7 @@ class DTS(Algorithm):
             delta = sync.work.wait() - sync.local_update
             correction = delta if correction is None else correction + delta
             staleness = step - sync.launch_step
+            self.note_sync()  # applied now: this step's gradient, or finish()'s direct update
         return correction, staleness
 
     def finish(self) -> None:

@@ -103,6 +103,7 @@ class EASGD(Algorithm):
             for target, value in zip(floating_targets, averaged):
                 target.copy_(value)
         self.state.exchanges += 1
+        self.note_sync()
 
     def output_state(self) -> Optional[OutputState]:
         """The centre x~, written by rank 0 (every rank holds the same one)."""

@@ -70,12 +70,14 @@ class LocalSGD(Algorithm):
         loss = self.forward_backward(batch)
         if warming_up:
             self.bucketer.wait_and_apply()
+            self.note_sync()
             self.optimizer.step()
             return StepResult(loss=loss)
         self.optimizer.step()
         self.state.local_steps += 1
         if self.state.local_steps == self.params.H:
             self.average_model()
+            self.note_sync()
             self.state.local_steps = 0
             self.state.averages += 1
         return StepResult(loss=loss)

@@ -229,6 +229,7 @@ class P3(Algorithm):
             self._apply_layer(layer)
         self.state.round = None
         self.state.rounds += 1
+        self.note_sync()  # the round's average is now in every layer
 
     @contextmanager
     def _streams_closed_on_error(self) -> Iterator[None]:

@@ -210,6 +210,7 @@ class ParameterServerAlgorithm(Algorithm):
                 continue
             age = self.server_state.version - int(base_version)
             reply = self.server_apply(payload, bool(want_reply), age)
+            self.note_sync()  # the servers' state is the output model
             self.server_state.version += 1
             self.server_state.handled[source] += 1
             if want_reply:

@@ -145,6 +145,11 @@ class Quantized(Algorithm):
         self.inner: Algorithm = _COMPRESSED_BASES[params.base](params.base_params(), ctx, self.exchange)
         self.optimizer = self.inner.optimizer
 
+    @property
+    def syncs_applied(self) -> int:
+        """The base strategy's count (it applies the exchanges)."""
+        return self.inner.syncs_applied
+
     def setup(self) -> None:
         self.inner.setup()
 

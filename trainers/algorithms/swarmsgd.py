@@ -128,6 +128,7 @@ class SwarmSGD(GossipAlgorithm):
         if self.code is not None:
             theirs = self.code.decode(theirs, pending.own_decoded.numel(), pending.own_decoded.dtype)
         self.load_flat_parameters(self.flat_parameters().add_((theirs - pending.own_decoded).mul_(0.5)))
+        self.note_sync()
         return step - pending.started_step
 
     def deployable_model(self) -> nn.Module:

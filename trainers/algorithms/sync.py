@@ -166,5 +166,6 @@ class Sync(Algorithm):
             self.broadcast_tensors(self._buffers, src=0)
         loss = self.forward_backward(batch)
         self.bucketer.wait_and_apply()
+        self.note_sync()
         self.optimizer.step()
         return StepResult(loss=loss)
