@@ -45,6 +45,7 @@ PALETTE = {
     "quantized": "#56B4E9",
     "p3": "#BCBD22",
     "ps_sync": "#6B6B00",
+    "local_only": "#A0A0A0",  # the control: light grey, beside sync's black
 }
 _FALLBACK = ["#1f77b4", "#2ca02c", "#d62728", "#e377c2", "#ff7f0e", "#393b79", "#637939", "#843c39",
              "#5254a3", "#7b4173"]
