@@ -321,13 +321,16 @@ class Evaluator:
 
 class StopDecider:
     """The harness's decision to end a job early: once the evaluator's records show
-    `target_accuracy` reached, and the budgets the scenario states passed (so that accuracy at
-    equal budgets is known), write the STOP file the ranks poll (trainers.stop) with a stop step
-    no rank has passed yet. A file in the job folder, not the emulated network, carries it."""
+    `target_accuracy` (or a loss at or below `target_loss`) reached, and the budgets the scenario
+    states passed (so that accuracy at equal budgets is known), write the STOP file the ranks poll
+    (trainers.stop) with a stop step no rank has passed yet. A file in the job folder, not the
+    emulated network, carries it."""
 
-    def __init__(self, job_dir: Path, target_accuracy: Optional[float], budget: Optional[EqualBudget] = None):
+    def __init__(self, job_dir: Path, target_accuracy: Optional[float], budget: Optional[EqualBudget] = None,
+                 target_loss: Optional[float] = None):
         self.job_dir = job_dir
         self.target_accuracy = target_accuracy
+        self.target_loss = target_loss
         self.budget = budget if budget is not None else EqualBudget()  # harness/budget.py: what to pass first
         self.decision: Optional[dict] = None
         self._evals: Optional[RecordTail] = None  # follows eval.jsonl
@@ -335,7 +338,7 @@ class StopDecider:
 
     @property
     def active(self) -> bool:
-        return self.target_accuracy is not None
+        return self.target_accuracy is not None or self.target_loss is not None
 
     def _new_evals(self) -> list[dict]:
         """The evaluator's records since the last look (a line still being written waits)."""
@@ -349,16 +352,21 @@ class StopDecider:
         """The decision once taken (and the STOP file written), else None."""
         if not self.active or self.decision is not None:
             return self.decision
+        from trainers.evaluate import target_reached
+
         for record in self._new_evals():
             if record.get("accuracy") is None:
                 continue
-            self._reached = self._reached or record["accuracy"] >= self.target_accuracy
+            self._reached = self._reached or target_reached(record, self.target_accuracy, self.target_loss)
             steps_done = record.get("step", -1) + 1
             if self._reached and self.budget.waits_for(steps_done, record.get("train_time_s", 0.0)):
-                request = write_stop(self.job_dir, stop_step_from_records(self.job_dir), "target_accuracy")
+                reason = "target_accuracy" if self.target_accuracy is not None else "target_loss"
+                request = write_stop(self.job_dir, stop_step_from_records(self.job_dir), reason)
                 self.decision = {"reason": request.reason, "stop_step": request.stop_step,
                                  "decided_at_s": round(elapsed_s, 3), "eval_step": record.get("step"),
                                  "eval_accuracy": record["accuracy"]}
+                if self.target_loss is not None:
+                    self.decision["eval_loss"] = record.get("loss")
                 break
         return self.decision
 
@@ -398,7 +406,7 @@ def run_job(plan: Plan, spec: JobSpec, master_port: int, on_tick=None,
     executor = NetworkAndNodes(network, ranks)
     schedule = FaultSchedule(spec.faults, executor, spec.job_dir / "faults.jsonl") if spec.faults else None
     ranks.restart_pending = {plan.node(node).rank for node in spec.restarted_nodes}
-    decider = StopDecider(spec.job_dir, spec.stop.target_accuracy, spec.stop.budget)
+    decider = StopDecider(spec.job_dir, spec.stop.target_accuracy, spec.stop.budget, spec.stop.target_loss)
     evaluator = Evaluator(spec.job_dir, follow=decider.active) if spec.command is None else None
     outcome: Optional[JobOutcome] = None
     counters_before = _counters(network)

@@ -55,11 +55,13 @@ def default_job_timeout_s(time_budget_s: Optional[float]) -> float:
 class StopBudgets:
     """What the harness's stop rule waits for (harness/jobs.py StopDecider): stop at
     `target_accuracy`, but only past both budgets, so that accuracy at equal budgets is known.
-    `budget_time_s`: seconds of a rank's training clock."""
+    `budget_time_s`: seconds of a rank's training clock. `target_loss`: the target as a held-out
+    loss at or below it instead (a language model's)."""
 
     target_accuracy: Optional[float] = None
     budget_steps: Optional[int] = None
     budget_time_s: Optional[float] = None
+    target_loss: Optional[float] = None
 
     @property
     def budget(self) -> EqualBudget:
@@ -179,7 +181,8 @@ def job_spec(scenario: Scenario, job: Job, job_dir: Path, plan: Plan, backend: O
                    trainer_document=dict(job.trainer_config), faults=tuple(faults), timeout_s=timeout_s,
                    stall_timeout_s=spec.stall_timeout_s,
                    stop=StopBudgets(stop.target_accuracy if job.command is None else None,
-                                    stop.budget_steps, stop.budget_time_s),
+                                    stop.budget_steps, stop.budget_time_s,
+                                    stop.target_loss if job.command is None else None),
                    cpu_share=spec.cpu_share, sim=sim)
 
 

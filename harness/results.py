@@ -146,6 +146,7 @@ class RunFrames:
     budget_time_s: Optional[float] = None   # accuracy_at_time_budget at this much training time
     budget: Optional[EqualBudget] = None    # the one definition both came from (harness/budget.py)
     time_dilation: float = 1.0              # the records' times were divided by this (see load_run)
+    target_loss: Optional[float] = None     # time_to_target_s is to a held-out loss <= this (stop.target_loss)
     run: Optional[RunDir] = field(default=None, repr=False)  # the files they were read from
 
 
@@ -257,7 +258,7 @@ def run_frames(run: RunDir) -> RunFrames:
                      evals_frame, stop.get("target_accuracy"),
                      run.complete, emulated_seconds(_faults_frame(faults), k, DILATED_COLUMNS["faults"]),
                      budget_steps=budget.steps, budget_time_s=budget.time_s, budget=budget,
-                     time_dilation=k, run=run)
+                     time_dilation=k, run=run, target_loss=stop.get("target_loss"))
 
 
 def _last_evaluation(evals: pd.DataFrame) -> tuple[Optional[int], Optional[float]]:
@@ -460,6 +461,15 @@ def time_to_target(evals: pd.DataFrame, target: float) -> Optional[float]:
     return None
 
 
+def time_to_loss_target(evals: pd.DataFrame, target_loss: float) -> Optional[float]:
+    """Training time (s) at which the held-out loss first falls to `target_loss` or below: as
+    `time_to_target` on the negated loss (interpolated between evaluations); None if never."""
+    if "loss" not in evals:
+        return None
+    return time_to_target(pd.DataFrame({"train_time_s": evals["train_time_s"].to_list(),
+                                        "accuracy": (-pd.to_numeric(evals["loss"])).to_list()}), -target_loss)
+
+
 def accuracy_at(evals: pd.DataFrame, progress: pd.Series, budget: Optional[float]) -> Optional[float]:
     """Accuracy of the last evaluation whose `progress` (steps done, or training time) is at or
     before `budget`, if the job got that far (an evaluation at or past the budget); else None."""
@@ -546,6 +556,8 @@ def _job_row(job: dict, ev: pd.DataFrame, st: pd.DataFrame, frames: RunFrames,
         row["best_accuracy"] = float(ev["accuracy"].max())
         if target is not None:
             row["time_to_target_s"] = time_to_target(ev, target)
+        elif frames.target_loss is not None:
+            row["time_to_target_s"] = time_to_loss_target(ev, frames.target_loss)
         # an eval record's `step` is the index of the last step done
         row["accuracy_at_step_budget"] = accuracy_at(ev, ev["step"] + 1, frames.budget_steps)
         row["accuracy_at_time_budget"] = accuracy_at(ev, ev["train_time_s"], frames.budget_time_s)

@@ -61,17 +61,22 @@ class StopRule(BaseModel):
     budget_time_s are where accuracy_at_step_budget and accuracy_at_time_budget are read, and a
     job stops at the target only past them; left out, the furthest every job that ended ok got
     (harness/budget.py EqualBudget). A job that ends before a budget has no value for it.
+    target_loss instead of target_accuracy: the target is a held-out loss at or below it (a
+    language model's validation loss, nats per token); time_to_target_s is the time to reach it.
     """
 
     model_config = ConfigDict(extra="forbid")
     steps: int = Field(200, ge=1, le=10_000_000)
     time_budget_s: Optional[float] = Field(None, gt=0, le=7 * 24 * 3600)
     target_accuracy: Optional[float] = Field(None, gt=0, le=1)
+    target_loss: Optional[float] = Field(None, gt=0, le=1000)
     budget_steps: Optional[int] = Field(None, ge=1, le=10_000_000)
     budget_time_s: Optional[float] = Field(None, gt=0, le=7 * 24 * 3600)
 
     @model_validator(mode="after")
     def _budgets_within_the_run(self):
+        if self.target_accuracy is not None and self.target_loss is not None:
+            raise ValueError("give one target: target_accuracy or target_loss, not both")
         if self.budget_steps is not None and self.budget_steps > self.steps:
             raise ValueError(f"budget_steps {self.budget_steps} is more than steps {self.steps}: no job gets there")
         if (self.budget_time_s is not None and self.time_budget_s is not None
@@ -79,6 +84,15 @@ class StopRule(BaseModel):
             raise ValueError(f"budget_time_s {self.budget_time_s:g} is more than time_budget_s "
                              f"{self.time_budget_s:g}: no job gets there")
         return self
+
+
+    @model_serializer(mode="wrap")
+    def _loss_target_only_when_set(self, handler):
+        # scenario.json of a run without a loss target stays as it was before the field existed
+        data = handler(self)
+        if data.get("target_loss") is None:
+            data.pop("target_loss", None)
+        return data
 
 
 class VerifySettings(BaseModel):
@@ -458,6 +472,8 @@ def _trainer_config(spec: ScenarioFile, algorithm: str, params: dict, seed: int,
         config["time_budget_s"] = spec.stop.time_budget_s
     if spec.stop.target_accuracy is not None:
         config["target_accuracy"] = spec.stop.target_accuracy
+    if spec.stop.target_loss is not None:
+        config["target_loss"] = spec.stop.target_loss
     config["algorithm"] = {"name": algorithm, "params": params}
     # The trainers' policy (a crash-tolerant algorithm gets the elastic comm when nodes crash);
     # a workload that names a backend itself keeps it.
@@ -511,7 +527,7 @@ class _TrainerOrigin:
             if rest.startswith("params.") and param in self.swept:
                 return f"sweep.params.{self.label}.{rest[len('params.'):]}"
             return f"algorithms[{self.index}]" + (f".{rest}" if rest else "")
-        if trainer_field in ("steps", "time_budget_s", "target_accuracy"):
+        if trainer_field in ("steps", "time_budget_s", "target_accuracy", "target_loss"):
             return f"stop.{trainer_field}"
         if trainer_field == "seed":
             return "seeds"

@@ -214,8 +214,10 @@ class DatasetConfig:
     """Which data, where it lives and how it is split across ranks.
 
     Args:
-        name: digits | fashion_mnist | synthetic | synthetic_tokens | cifar10 | synthetic_cifar | imagefolder.
-        path: directory of the files (fashion_mnist, cifar10, imagefolder); None for built-ins.
+        name: digits | fashion_mnist | synthetic | synthetic_tokens | text_corpus | cifar10 | synthetic_cifar |
+            imagefolder.
+        path: directory of the files (fashion_mnist, cifar10, imagefolder; text_corpus: a folder or one
+            file, unset: the Python standard library); None for built-ins.
         shard: iid (equal random shards) or dirichlet (per-class Dirichlet(alpha) proportions).
         alpha: Dirichlet concentration; smaller is more skewed (only for shard=dirichlet).
         test_fraction: fraction held out for evaluation when the dataset has no test split.
@@ -339,6 +341,8 @@ class Config:
             output_dir (one filesystem), else only ``steps`` applies.
         target_accuracy: held-out accuracy at which the watcher of the job (the harness, or
             ``python -m trainers.evaluate --follow --stop-at-target``) writes the STOP file.
+        target_loss: the same for held-out loss at or below this value (mean cross-entropy per
+            target, nats: a language model's validation loss); at most one of the two targets.
         eval_every: steps between eval points (model snapshots for the evaluator; on the tcp comm
             also the membership exchange); also after the last step.
         eval_every_s: if set, snapshots every this many seconds of each rank's training clock
@@ -367,6 +371,7 @@ class Config:
     steps: int = 100
     time_budget_s: Optional[float] = None
     target_accuracy: Optional[float] = None
+    target_loss: Optional[float] = None
     eval_every: int = 50
     eval_every_s: Optional[float] = None
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
@@ -396,5 +401,9 @@ class Config:
                               "compute profile) too")
         if self.target_accuracy is not None:
             require_float("target_accuracy", self.target_accuracy, minimum=0.0, maximum=1.0)
+        if self.target_loss is not None:
+            require_float("target_loss", self.target_loss, minimum=0.0, min_exclusive=True)
+            if self.target_accuracy is not None:
+                raise ConfigError("target_loss", "give one target: target_accuracy or target_loss, not both")
         if self.comm.backend == "nccl" and self.device != "cuda":
             raise ConfigError("comm.backend", "nccl needs device: cuda")

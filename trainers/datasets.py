@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import hashlib
 import pickle
+import platform
 import struct
+import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Literal, Optional
@@ -128,6 +131,30 @@ class TokenParams:
 
 
 @dataclass
+class TextCorpusParams:
+    """Byte-level language modelling on text files (see :func:`load_text_corpus`).
+
+    Args:
+        seq_len: bytes per training sequence (the targets are the next bytes).
+        pattern: which files of the folder make the corpus (``Path.glob``; ``**/*.txt`` to recurse).
+            The default, ``*.py``, is the Python standard library's own top-level modules when
+            dataset.path is unset.
+        max_files: use only the first this many files of the sorted list (None: all).
+    """
+
+    seq_len: int = 64
+    pattern: str = "*.py"
+    max_files: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        require_int("seq_len", self.seq_len, minimum=2, maximum=4096)
+        if not isinstance(self.pattern, str) or not self.pattern:
+            raise ConfigError("pattern", f"must be a non-empty glob pattern, got {self.pattern!r}")
+        if self.max_files is not None:
+            require_int("max_files", self.max_files, minimum=1)
+
+
+@dataclass
 class ImageFolderParams:
     """Folder of class sub-folders of images (PIL needed).
 
@@ -230,6 +257,8 @@ def load_digits(cfg: DatasetConfig, params: NoParams, seed: int) -> DataBundle:
 
 
 FASHION_MNIST_DEFAULT = "/usr/share/datasets/fashion-mnist"
+# x / 255 and nothing more: the scaling the loader has always applied
+FASHION_MNIST_PIXELS = PixelScaling(mean=(0.0,), std=(1.0,))
 
 
 def _read_idx(path_stem: Path) -> np.ndarray:
@@ -249,7 +278,10 @@ def _read_idx(path_stem: Path) -> np.ndarray:
 
 
 def load_fashion_mnist(cfg: DatasetConfig, params: NoParams, seed: int) -> DataBundle:
-    """Fashion-MNIST from IDX files (Debian package dataset-fashion-mnist by default)."""
+    """Fashion-MNIST from IDX files (Debian package dataset-fashion-mnist by default): the 60,000
+    training images of the train-* files, and as the test set the 10,000 images of the t10k-*
+    files (the published test split, not a split of the training images: ``test_fraction`` is
+    not used). Pixels stay uint8 (a quarter of float32's memory) and become x / 255 per batch."""
     root = Path(cfg.path or FASHION_MNIST_DEFAULT)
     try:
         arrays = {
@@ -265,7 +297,7 @@ def load_fashion_mnist(cfg: DatasetConfig, params: NoParams, seed: int) -> DataB
         ) from None
 
     def images(a: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(a.astype(np.float32) / 255.0).unsqueeze(1)
+        return torch.from_numpy(a.copy()).unsqueeze(1)
 
     return DataBundle(
         images(arrays["train-images"]),
@@ -275,7 +307,9 @@ def load_fashion_mnist(cfg: DatasetConfig, params: NoParams, seed: int) -> DataB
         input_shape=(1, 28, 28),
         num_classes=10,
         kind="features",
-        source=f"Fashion-MNIST from {root}",
+        source=(f"Fashion-MNIST from {root} ({len(arrays['train-labels'])} train images, "
+                f"{len(arrays['t10k-labels'])} test images of the t10k files)"),
+        pixels=FASHION_MNIST_PIXELS,
     )
 
 
@@ -313,6 +347,90 @@ def load_synthetic_tokens(cfg: DatasetConfig, params: TokenParams, seed: int) ->
         num_classes=params.vocab_size,
         kind="tokens",
         source=f"generated Markov-chain tokens (synthetic_tokens, seed {seed})",
+    )
+
+
+# Byte-level: the vocabulary is the 256 byte values. Nothing to fit or download, the same for
+# any corpus (UTF-8 or not), and a small output layer for a small model.
+BYTE_VOCABULARY = 256
+
+
+def stdlib_folder() -> Path:
+    """The running Python's standard library folder (its ``.py`` files are the default corpus)."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def corpus_files(root: Path, pattern: str, max_files: Optional[int] = None) -> list[Path]:
+    """The corpus's files: regular files under ``root`` matching ``pattern``, sorted by their path
+    relative to ``root`` (the same list on every machine holding the same files); ``root`` itself
+    when it is a file."""
+    if root.is_file():
+        return [root]
+    files = sorted((p for p in root.glob(pattern) if p.is_file()), key=lambda p: p.relative_to(root).as_posix())
+    return files[:max_files]
+
+
+def validation_file(name: str, test_fraction: float) -> bool:
+    """Whether the file of relative path ``name`` is held out: a hash of the name, not of the seed
+    or of the list, so the validation files stay the same across seeds and when files are added."""
+    digest = hashlib.sha256(name.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0 ** 64 < test_fraction
+
+
+def _sequences(data: bytes, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Non-overlapping windows of seq_len + 1 bytes: inputs (n, seq_len) and next-byte targets."""
+    window = seq_len + 1
+    count = len(data) // window
+    tokens = torch.from_numpy(np.frombuffer(data, dtype=np.uint8, count=count * window).astype(np.int64))
+    tokens = tokens.view(count, window)
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+def load_text_corpus(cfg: DatasetConfig, params: TextCorpusParams, seed: int) -> DataBundle:
+    """Byte-level sequences from text files: the Python standard library's own ``.py`` files
+    (``dataset.path`` unset) or a user's folder or file (``dataset.path``).
+
+    Files are split by name into training and validation (:func:`validation_file`, about
+    ``test_fraction`` of them held out; at least one each side); a single file is split by bytes
+    (its last ``test_fraction``). ``source`` names the folder, the file count, the Python version
+    for the standard library, and the SHA-256 of the corpus (each file's relative path and bytes,
+    in order), so a run says exactly what it trained on.
+    """
+    root = Path(cfg.path) if cfg.path else stdlib_folder()
+    if not root.exists():
+        raise ConfigError("dataset.path", f"text_corpus: {root} does not exist (a folder of text files, or one file)")
+    files = corpus_files(root, params.pattern, params.max_files)
+    if not files:
+        raise ConfigError("dataset.path", f"text_corpus: no files matching {params.pattern!r} under {root}")
+    corpus_hash = hashlib.sha256()
+    train_parts: list[bytes] = []
+    test_parts: list[bytes] = []
+    held_out = []
+    for file in files:
+        name = file.name if file == root else file.relative_to(root).as_posix()
+        content = file.read_bytes()
+        corpus_hash.update(name.encode("utf-8") + b"\0" + len(content).to_bytes(8, "big") + content)
+        held_out.append(validation_file(name, cfg.test_fraction))
+        (test_parts if held_out[-1] else train_parts).append(content)
+    if len(files) == 1:
+        content = (train_parts + test_parts)[0]
+        cut = len(content) - max(params.seq_len + 1, int(len(content) * cfg.test_fraction))
+        train_parts, test_parts = [content[:cut]], [content[cut:]]
+    elif not test_parts or not train_parts:  # few files: the split by hash may leave a side empty
+        contents = train_parts + test_parts
+        train_parts, test_parts = contents[:-1], contents[-1:]
+    train_x, train_y = _sequences(b"".join(train_parts), params.seq_len)
+    test_x, test_y = _sequences(b"".join(test_parts), params.seq_len)
+    if len(train_x) == 0 or len(test_x) == 0:
+        raise ConfigError("dataset.path", f"text_corpus: {root} holds too little text for sequences of "
+                          f"{params.seq_len + 1} bytes on both sides of the split")
+    where = (f"the Python {platform.python_version()} standard library ({root})" if not cfg.path else str(root))
+    files_said = "1 file" if len(files) == 1 else f"{len(files)} files ({sum(held_out)} held out)"
+    return DataBundle(
+        train_x, train_y, test_x, test_y, input_shape=(params.seq_len,), num_classes=BYTE_VOCABULARY,
+        kind="tokens",
+        source=(f"text_corpus: bytes of {files_said} matching {params.pattern!r} from {where}, "
+                f"sha256 {corpus_hash.hexdigest()}"),
     )
 
 
@@ -495,6 +613,7 @@ DATASETS: dict[str, DatasetEntry] = {
     "fashion_mnist": DatasetEntry(load_fashion_mnist, NoParams, "features"),
     "synthetic": DatasetEntry(load_synthetic, SyntheticParams, "features"),
     "synthetic_tokens": DatasetEntry(load_synthetic_tokens, TokenParams, "tokens"),
+    "text_corpus": DatasetEntry(load_text_corpus, TextCorpusParams, "tokens"),
     "cifar10": DatasetEntry(load_cifar10, Cifar10Params, "features"),
     "synthetic_cifar": DatasetEntry(load_synthetic_cifar, SyntheticCifarParams, "features"),
     "imagefolder": DatasetEntry(load_imagefolder, ImageFolderParams, "features"),

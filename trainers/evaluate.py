@@ -10,6 +10,9 @@ order, to ``JOB_DIR/eval.jsonl``:
     {"kind": "eval", "eval_index", "step", "step_min", "time_s", "time_s_min", "train_time_s",
      "train_time_s_min", "accuracy", "loss", "ranks", "role"}
 
+plus ``perplexity`` (exp of ``loss``) for a language model (a dataset of kind ``tokens``): there
+``accuracy`` is next-token accuracy and ``loss`` the mean cross-entropy per token (nats).
+
 ``step``, ``time_s`` (training clock since the rank started) and ``train_time_s`` (the same clock
 since the rank's first step) are the largest over the snapshots combined, the ``_min`` fields the
 smallest; the training clock excludes snapshot writing. The output model of an eval_index is the mean of
@@ -18,7 +21,7 @@ the one copy written (``rank0``, ``centre``, ``global``); per rank the latest sn
 the index is used. It talks to no rank and never deletes a snapshot. As a program it runs at low
 priority (nice 19) with one intra-op thread; ``--follow`` evaluates snapshots as they appear until
 every rank's records end with a status record (or ``--until-file`` exists), and
-``--stop-at-target`` writes the STOP file when ``target_accuracy`` of the config is reached (a run
+``--stop-at-target`` writes the STOP file when ``target_accuracy`` (or ``target_loss``) of the config is reached (a run
 without the harness). Each look reads only what the ranks appended to their records since the last
 one (:class:`RankRecords`), so a look costs the same late in a long job as early on. As a library:
 :func:`evaluate_job` (after the job) or :class:`JobEvaluator`.
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -241,16 +245,33 @@ class JobEvaluator:
         steps = [s["step"] for s in snaps.values()]
         times = [s["time_s"] for s in snaps.values()]
         train_times = [s["train_time_s"] for s in snaps.values()]
-        return {"kind": "eval", "eval_index": index, "step": max(steps), "step_min": min(steps),
-                "time_s": max(times), "time_s_min": min(times), "train_time_s": max(train_times),
-                "train_time_s_min": min(train_times), "accuracy": accuracy, "loss": loss,
-                "ranks": sorted(snaps), "role": role}
+        row = {"kind": "eval", "eval_index": index, "step": max(steps), "step_min": min(steps),
+               "time_s": max(times), "time_s_min": min(times), "train_time_s": max(train_times),
+               "train_time_s_min": min(train_times), "accuracy": accuracy, "loss": loss,
+               "ranks": sorted(snaps), "role": role}
+        if self.data.kind == "tokens":
+            row["perplexity"] = perplexity(loss)
+        return row
 
     def combine(self, role: str, snaps: dict[int, dict]) -> dict[str, torch.Tensor]:
         try:
             return combine_snapshots(role, snaps, self.trainable)
         except ValueError as error:
             raise ValueError(f"{self.job_dir}: {error}") from None
+
+
+def perplexity(loss: float) -> float:
+    """exp(loss) of a mean cross-entropy in nats; inf past what a float holds (a diverged model)."""
+    return math.exp(loss) if loss < 700 else math.inf
+
+
+def target_reached(row: dict, target_accuracy: Optional[float], target_loss: Optional[float]) -> bool:
+    """Whether eval record ``row`` meets the target: accuracy at or above ``target_accuracy``, or
+    loss at or below ``target_loss`` (whichever is given; False when neither is)."""
+    if target_accuracy is not None and row.get("accuracy") is not None and row["accuracy"] >= target_accuracy:
+        return True
+    loss = row.get("loss")
+    return target_loss is not None and loss is not None and not math.isnan(loss) and loss <= target_loss
 
 
 def combine_snapshots(role: str, snaps: dict[int, dict], trainable: list[str]) -> dict[str, torch.Tensor]:
@@ -321,7 +342,7 @@ def run_evaluator(job_dir: str | Path, follow: bool = False, until_file: Optiona
     out_path = Path(job_dir) / EVAL_FILE
     previous = read_complete_records(out_path, kinds=("eval",))  # a cut last line left out
     evaluator.done_through = max((r["eval_index"] for r in previous), default=-1)
-    target = evaluator.config.target_accuracy
+    target_accuracy, target_loss = evaluator.config.target_accuracy, evaluator.config.target_loss
     written: list[dict] = []
     stop_written = False
     with open(out_path, "a", buffering=1) as handle:
@@ -336,8 +357,9 @@ def run_evaluator(job_dir: str | Path, follow: bool = False, until_file: Optiona
                 handle.write(json.dumps(row) + "\n")
                 handle.flush()
                 written.append(row)
-                if stop_at_target and target is not None and row["accuracy"] >= target and not stop_written:
-                    write_stop(job_dir, stop_step_from_records(job_dir), "target_accuracy")
+                if stop_at_target and not stop_written and target_reached(row, target_accuracy, target_loss):
+                    reason = "target_accuracy" if target_accuracy is not None else "target_loss"
+                    write_stop(job_dir, stop_step_from_records(job_dir), reason)
                     stop_written = True
             if over:
                 return written
@@ -354,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--follow", action="store_true", help="keep evaluating as snapshots appear until the ranks are done")
     parser.add_argument("--until-file", help="with --follow: also stop once this file exists")
     parser.add_argument("--stop-at-target", action="store_true",
-                        help="write JOB_DIR/STOP once the config's target_accuracy is reached (runs without the harness)")
+                        help="write JOB_DIR/STOP once the config's target_accuracy (or target_loss) is reached "
+                        "(runs without the harness)")
     parser.add_argument("--poll-s", type=float, default=0.5, help="seconds between looks for new snapshots")
     args = parser.parse_args(argv)
     os.nice(19)
