@@ -38,6 +38,8 @@ LAUNCHER_ERRORS = ("ChildFailedError",)
 # torch's "[rank1]: " and torchrun --tee's "[default0]:" in front of what a rank printed
 RANK_PREFIX = re.compile(r"^\[[^\]]*\]:\s*")
 RANK_EXIT = re.compile(r"rank (\d+) exited (-?\d+)")
+# what the reason says of one rank's exit, e.g. "rank 1 exited -9 (injected node_crash at 12.2 s)"
+RANK_EXIT_NOTE = r"rank {rank} exited -?\d+ \(([^)]*)\)"
 # How wide the report's table of one job's wire pairs gets.
 MAX_PAIR_ROWS = 12
 
@@ -128,7 +130,11 @@ def failure_lines(job_dir: Path, status: str, reason: str) -> list[str]:
         return [f"{status}: {reason}"] if reason else [status]
     rank, code = first
     log = Path(job_dir) / f"rank{rank}.log"
-    line = error_line(log) or "(the log is empty)"
+    if code < 0:  # ended by a signal: its log ends wherever it was, the signal is the error
+        note = re.search(RANK_EXIT_NOTE.format(rank=rank), reason or "")
+        line = f"killed by signal {-code}" + (f" ({note.group(1)})" if note else "")
+    else:
+        line = error_line(log) or "(the log is empty)"
     return [f"first failed: rank {rank} (exit {code}), log {log}", f"error: {line}"]
 
 

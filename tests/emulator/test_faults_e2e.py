@@ -8,6 +8,8 @@ import textwrap
 import pandas as pd
 import pytest
 
+from harness.cli import EXIT_JOB_FAILED
+
 pytestmark = pytest.mark.integration
 
 SCENARIO = textwrap.dedent("""
@@ -40,7 +42,9 @@ def run(write_yaml, tmp_path, steps, faults):
 def test_node_crash_fails_a_sync_job_and_names_the_fault(test_prefix, write_yaml, tmp_path):
     result, run_dir, job_dir, faults = run(write_yaml, tmp_path, 100000,
                                            "- {at: 12s, kind: node_crash, node: b-0}")
-    assert result.returncode == 0, result.stderr  # the run completes; the job is marked failed
+    # the run completes, the job is marked failed, and the run says so in its exit code
+    assert result.returncode == EXIT_JOB_FAILED, result.stderr
+    assert "error: killed by signal 9 (injected node_crash at" in result.stderr
     job = json.loads((job_dir / "job.json").read_text())
     assert job["status"] == "failed"
     assert "rank 1 exited -9 (injected node_crash at" in job["reason"]

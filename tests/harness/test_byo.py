@@ -137,6 +137,12 @@ def test_the_first_failed_rank_is_the_one_whose_log_ended_first(tmp_path):
     assert byo.failure_lines(tmp_path, "stalled", "no rank wrote a record for 120 s") == [
         "stalled: no rank wrote a record for 120 s"]
     assert byo.failure_lines(tmp_path, "ok", "") == []
+    # a rank ended by a signal: the signal (and what the harness said of it) is the error, not the
+    # last line its log happened to hold
+    (tmp_path / "rank1.log").write_text("[W socket.cpp:207] The hostname of the client socket cannot be retrieved\n")
+    os.utime(tmp_path / "rank1.log", (100.0, 100.0))  # it ended first, as a killed rank does
+    crashed = "rank 0 exited 1; rank 1 exited -9 (injected node_crash at 12.2 s)"
+    assert byo.failure_lines(tmp_path, "failed", crashed)[1] == "error: killed by signal 9 (injected node_crash at 12.2 s)"
 
 
 def test_sysctl_output_is_parsed():
