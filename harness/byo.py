@@ -216,7 +216,7 @@ def report_lines(jobs) -> list[str]:
         wall = job.get("wall_s")
         lines += [f"- `{job_dir.job_id}`: {job.get('status', '?')}"
                   + (f", wall time {wall:.1f} s" if isinstance(wall, (int, float)) else "")
-                  + (f"; in the nodes: " + ", ".join(f"{k.split('.')[-1]} {v}" for k, v in stack.items())
+                  + ("; in the nodes: " + ", ".join(f"{k.split('.')[-1]} {v}" for k, v in stack.items())
                      if stack else "")]
         busiest = sorted((p for p in pairs if p.get("bytes")), key=lambda p: -p["bytes"])[:MAX_PAIR_ROWS]
         if busiest:

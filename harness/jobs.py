@@ -10,7 +10,6 @@ time here is scaled), applies its faults, watches it with three watchdogs and wr
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import subprocess
 import sys

@@ -44,7 +44,6 @@ import shlex
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Optional
 

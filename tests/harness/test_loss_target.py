@@ -3,7 +3,6 @@ rule ends a job there and the summary's time_to_target_s is the time to reach it
 
 import json
 import textwrap
-from pathlib import Path
 
 import pandas as pd
 import pytest
