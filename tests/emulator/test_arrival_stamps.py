@@ -120,9 +120,7 @@ def test_kernel_stamps_a_frame_when_it_enters_the_device(test_prefix):
                 read_ns = time.monotonic_ns()
                 stamp = tap.stamp(frame, read_ns, VNET_HDR_BYTES)
                 assert sent_ns <= stamp + 50_000, (i, stamp - sent_ns)   # clocks read apart by us
-                # within the 20 ms between sends (a busy machine may hold the sender between its
-                # clock read and sendto), far from the >= 70 ms the frame then waited for the read
-                assert stamp - sent_ns < 20_000_000, (i, (stamp - sent_ns) / 1e6)
+                assert stamp - sent_ns < 5_000_000, (i, (stamp - sent_ns) / 1e6)
                 assert read_ns - stamp > 70_000_000
             assert (tap.stamped, tap.missed) == (3, 0)
             assert len(frame) - VNET_HDR_BYTES > MATCH_BYTES   # matched on a prefix, not the whole
