@@ -276,7 +276,13 @@ def test_rtt_of_every_pair_by_ping_and_prober(guest_results, backend, topology):
         upper = 1.25 * rtt + 1.0 + jitter
         assert rtt - jitter - 0.05 <= ping_min <= upper, f"{src.name}->{dst.name} ping {ping_min}"
         assert rtt - jitter - 0.05 <= prober_min <= upper, f"{src.name}->{dst.name} prober {prober_min}"
-        assert prober_min <= ping_min + 0.3, f"{src.name}->{dst.name}: prober {prober_min} ping {ping_min}"
+        # The prober's kernel stamps leave out what ping's user-space stamps add, so it reads no
+        # higher than ping on a quiet guest (within 0.3 ms). The two run one after the other, though,
+        # and a starved guest's netem timers fire late for either (CI: prober 18.92 against ping
+        # 18.39 ms on an 18.4 ms pair): so the margin grows with the pair's delay. Seeing half the
+        # round trip, the old defect, is caught by the lower bound above.
+        margin = 0.3 + 0.05 * rtt + jitter
+        assert prober_min <= ping_min + margin, f"{src.name}->{dst.name}: prober {prober_min} ping {ping_min}"
         assert measured["prober"]["transmit_stamps"] == measured["prober"]["received"]
 
 
