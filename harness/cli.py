@@ -299,10 +299,15 @@ def cmd_launch(args) -> int:
     first_point = scenario.network_points()[0]
     jobs = [job for job in scenario.jobs if job.network == first_point and job.command is None]
     out = Path(args.out)
-    folders = write_launch(hosts, jobs, out, interface=args.dev)
+    # the topology's node_sysctls (the hosts file's topology), then the scenario's, key by key
+    sysctls = {**dict(hosts.topology.node_sysctls), **scenario.spec.node_sysctls}
+    folders = write_launch(hosts, jobs, out, interface=args.dev, sysctls=sysctls)
     console = stderr_console()
     console.print(f"{len(folders)} jobs written under {out}/ (config.json, ssh.sh, slurm.sbatch each); "
                   f"{len(hosts.names)} hosts, rank = order in {args.hosts_file}")
+    if sysctls:
+        console.print("node_sysctls set host-wide by the scripts for each job's length, then restored: "
+                      + ", ".join(f"{k}={v}" for k, v in sysctls.items()))
     if len(scenario.network_points()) > 1:
         console.print("[yellow]note:[/] the scenario sweeps the network; only its first point's jobs "
                       "were written (real hosts have one network)")

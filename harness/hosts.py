@@ -131,14 +131,34 @@ def _torchrun(hosts: Hosts, config: str, node_rank: str, master: str, interface:
     return " ".join(env + words)
 
 
-def write_launch(hosts: Hosts, jobs: list, out: Path, interface: Optional[str] = None) -> list[Path]:
+def sysctl_commands(sysctls: dict[str, str], saved: str) -> tuple[list[str], list[str]]:
+    """The shell commands that set `sysctls` on one host, each key's previous value kept in the
+    folder `saved` first, and the commands that put those values back (one per key; values may
+    hold spaces, as tcp_rmem's three numbers do). Run through `sudo -n` (root)."""
+    apply, restore = [], []
+    for key, value in sysctls.items():
+        # double quotes, not shlex.quote: `saved` may hold $(hostname -s) for the shell to expand
+        kept = f'"{saved}/{key}"'
+        apply.append(f'mkdir -p "{saved}" && sysctl -n {key} > {kept} && '
+                     f"sudo -n sysctl -q -w {shlex.quote(f'{key}={value}')}")
+        restore.append(f'sudo -n sysctl -q -w "{key}=$(cat {kept})"')
+    return apply, restore
+
+
+def write_launch(hosts: Hosts, jobs: list, out: Path, interface: Optional[str] = None,
+                 sysctls: Optional[dict[str, str]] = None) -> list[Path]:
     """Write `<out>/hosts.yaml` (a copy of the hosts file) and, per job, `<out>/<job_id>/config.json`,
-    `ssh.sh` (shape every host, one rank per host over SSH, host order = rank order, unshape) and
-    `slurm.sbatch` (the same with one task per allocated node); return the job folders.
+    `ssh.sh` (shape every host, set `sysctls`, one rank per host over SSH, host order = rank order,
+    then unshape and restore the sysctls' previous values) and `slurm.sbatch` (the same with one
+    task per allocated node); return the job folders.
+
+    `sysctls`: the topology's and scenario's `node_sysctls` (key -> value), applied host-wide on
+    real hosts for the job's length (on the emulator they are per node namespace).
 
     The scripts expect `<out>` copied to `<repo>/launch/` on every host, and `wanbench` in the
-    repository's virtual environment there (setup.sh); shaping needs root (sudo -n)."""
+    repository's virtual environment there (setup.sh); shaping and sysctls need root (sudo -n)."""
     interface = interface or hosts.spec.interface
+    sysctls = dict(sysctls or {})
     spec = hosts.spec
     master = spec.hosts[hosts.names[0]].address
     out.mkdir(parents=True, exist_ok=True)
@@ -160,13 +180,22 @@ def write_launch(hosts: Hosts, jobs: list, out: Path, interface: Optional[str] =
         def remote(name: str, command: str) -> str:
             return f"ssh {shlex.quote(targets[name])} {shlex.quote(f'cd {spec.repo} && {command}')}"
 
+        saved = f"launch/{job.job_id}/sysctl-saved"
+        apply, restore = sysctl_commands(sysctls, saved)
+        if interface or sysctls:
+            lines.append("# on exit: the WAN matrix removed from every host's interface, the node_sysctls' "
+                         "previous values put back")
+            lines.append("restore() {")
+            if interface:
+                lines += [f"  {remote(name, f'sudo -n {wanbench} unshape{dev}')} || true" for name in hosts.names]
+            lines += [f"  {remote(name, command)} || true" for name in hosts.names for command in restore]
+            lines += ["}", "trap restore EXIT"]
         if interface:
-            lines.append("# the WAN matrix on every host's interface, removed again on exit")
-            lines.append("unshape() {")
-            lines += [f"  {remote(name, f'sudo -n {wanbench} unshape{dev}')} || true" for name in hosts.names]
-            lines += ["}", "trap unshape EXIT"]
             lines += [remote(name, f"sudo -n {wanbench} shape launch/hosts.yaml --host {shlex.quote(name)}{dev}")
                       for name in hosts.names]
+        if sysctls:
+            lines.append("# node_sysctls, host-wide for this job: " + ", ".join(f"{k}={v}" for k, v in sysctls.items()))
+            lines += [remote(name, command) for name in hosts.names for command in apply]
         for rank, name in enumerate(hosts.names):
             command = _torchrun(hosts, remote_config, str(rank), master, interface, job.job_id)
             lines.append(f"{remote(name, command)} > {shlex.quote(name)}.log 2>&1 &")
@@ -181,9 +210,19 @@ def write_launch(hosts: Hosts, jobs: list, out: Path, interface: Optional[str] =
             "set -e", f"cd {spec.repo}",
             "MASTER=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)", "export MASTER",
         ]
+        on_exit = []
         if interface:
-            sbatch += [f"srun --ntasks-per-node=1 bash -c {shlex.quote(f'sudo -n {wanbench} shape launch/hosts.yaml --host $(hostname -s){dev}')}",
-                       f"trap {shlex.quote(f'srun --ntasks-per-node=1 sudo -n {wanbench} unshape{dev}')} EXIT"]
+            sbatch.append(f"srun --ntasks-per-node=1 bash -c {shlex.quote(f'sudo -n {wanbench} shape launch/hosts.yaml --host $(hostname -s){dev}')}")
+            on_exit.append(f"srun --ntasks-per-node=1 sudo -n {wanbench} unshape{dev}")
+        if sysctls:
+            # each node keeps its own previous values (the folder is per host name)
+            node_saved = f"{saved}/$(hostname -s)"
+            node_apply, node_restore = sysctl_commands(sysctls, node_saved)
+            sbatch.append("# node_sysctls, host-wide for this job: " + ", ".join(f"{k}={v}" for k, v in sysctls.items()))
+            sbatch += [f"srun --ntasks-per-node=1 bash -c {shlex.quote(command)}" for command in node_apply]
+            on_exit += [f"srun --ntasks-per-node=1 bash -c {shlex.quote(command)}" for command in node_restore]
+        if on_exit:
+            sbatch.append(f"trap {shlex.quote('; '.join(on_exit))} EXIT")
         sbatch += ["srun --ntasks-per-node=1 bash -c " + shlex.quote(
             _torchrun(hosts, remote_config, "$SLURM_NODEID", "$MASTER", interface, job.job_id)), ""]
         (folder / "slurm.sbatch").write_text("\n".join(sbatch))

@@ -124,3 +124,64 @@ def test_launch_scripts_start_one_rank_per_host_under_torchrun(tmp_path, write_y
         rows = [json.loads(line) for line in (run_dir / f"rank{rank}.jsonl").read_text().splitlines()]
         assert rows[0]["kind"] == "start" and rows[0]["world_size"] == 2
         assert rows[-1]["status"] == "ok" and rows[-1]["steps"] == 6
+
+
+@pytest.mark.integration
+def test_launch_scripts_set_node_sysctls_for_the_job_and_restore_them(tmp_path, write_yaml, test_prefix):
+    """ssh.sh run for real, each 'host' a network namespace of the test's own (net.* sysctls are
+    per namespace): a fake `ssh` runs the host's command in its namespace, and in place of
+    torchrun reads the sysctl the scenario sets; after the script the previous values are back."""
+    from pyroute2 import netns as pyroute2_netns
+
+    key = "net.ipv4.tcp_slow_start_after_idle"
+    hosts_file = write_yaml(
+        f"topology: aws-4region.yaml\nrepo: {tmp_path}\n"
+        "hosts:\n  east: {region: london, address: 10.0.1.4}\n  west: {region: ohio, address: 10.0.4.4}\n",
+        "hosts.yaml")
+    scenario_file = write_yaml(
+        "name: launch-sysctls\ntopology: aws-4region.yaml\n"
+        f"node_sysctls: {{{key}: 0, net.ipv4.tcp_congestion_control: reno}}\n"
+        "workload: {model: {name: mlp, params: {hidden_sizes: [16]}}, dataset: {name: digits}, batch_size: 32, lr: 0.1}\n"
+        "stop: {steps: 6}\nalgorithms: [{name: sync}]\n", "scenario.yaml")
+    out = tmp_path / "launch"
+    done = run_wanbench("launch", hosts_file, scenario_file, "--out", str(out))
+    assert "node_sysctls set host-wide" in done.stderr
+    folder = next(p for p in out.iterdir() if p.is_dir())
+    sbatch = (folder / "slurm.sbatch").read_text()
+    assert f"sudo -n sysctl -q -w {key}=0" in sbatch and "sysctl-saved/$(hostname -s)" in sbatch
+    subprocess.run(["bash", "-n", str(folder / "slurm.sbatch")], check=True)
+
+    namespaces = {"10.0.1.4": f"{test_prefix}-east", "10.0.4.4": f"{test_prefix}-west"}
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    seen = tmp_path / "seen"
+    (shims / "ssh").write_text(
+        "#!/bin/bash\n"
+        f"case $1 in 10.0.1.4) ns={namespaces['10.0.1.4']};; 10.0.4.4) ns={namespaces['10.0.4.4']};; *) exit 9;; esac\n"
+        "if [[ $2 == *torch.distributed.run* ]]; then\n"
+        f"  exec ip netns exec $ns sh -c 'echo $(sysctl -n {key}) $(sysctl -n net.ipv4.tcp_congestion_control)' >> {seen}\n"
+        "fi\n"
+        "exec ip netns exec $ns bash -c \"$2\"\n")
+    (shims / "sudo").write_text("#!/bin/sh\n[ \"$1\" = -n ] && shift\nexec \"$@\"\n")
+    for shim in shims.iterdir():
+        shim.chmod(0o755)
+    (tmp_path / "launch").mkdir(exist_ok=True)
+    for namespace in namespaces.values():
+        pyroute2_netns.create(namespace)
+    try:
+        def read(namespace, name):
+            return subprocess.run(["ip", "netns", "exec", namespace, "sysctl", "-n", name], capture_output=True,
+                                  text=True, check=True).stdout.strip()
+
+        before = {ns: (read(ns, key), read(ns, "net.ipv4.tcp_congestion_control")) for ns in namespaces.values()}
+        assert all(value[0] == "1" for value in before.values())
+        env = {**os.environ, "PATH": f"{shims}:{os.environ['PATH']}"}
+        done = subprocess.run(["bash", str(folder / "ssh.sh")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert sorted(seen.read_text().split("\n")[:2]) == ["0 reno", "0 reno"]   # in force while the ranks ran
+        after = {ns: (read(ns, key), read(ns, "net.ipv4.tcp_congestion_control")) for ns in namespaces.values()}
+        assert after == before
+    finally:
+        for namespace in namespaces.values():
+            pyroute2_netns.remove(namespace)
