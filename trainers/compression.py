@@ -96,8 +96,8 @@ class Compressor(ABC):
 
     Args:
         params: instance of the subclass's ``Params`` (already validated).
-        generator: random source for stochastic rounding (None: torch's default generator, which
-            the runner seeds per rank, so ranks draw independently).
+        generator: random source for stochastic rounding (the quantized algorithm passes the
+            rank's own, ``Algorithm.rank_generator``; None: torch's default generator).
     """
 
     name: ClassVar[str]

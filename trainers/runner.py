@@ -224,7 +224,7 @@ def _build_training(config: Config, comm: Comm, writer: RecordWriter, device: to
 
     context = AlgorithmContext(
         model=model, comm=comm, loss_fn=loss_fn, optimizer=config.optimizer, lr=config.lr, device=device,
-        min_compute_s=config.min_compute_s,
+        min_compute_s=config.min_compute_s, seed=config.seed,
     )
     algorithm = get_algorithm(config.algorithm.name)(config.algorithm.params, context)
     membership = _Membership(comm, writer)

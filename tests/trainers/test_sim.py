@@ -528,17 +528,19 @@ def test_the_limit_is_a_workload_knob_and_a_job_under_it_is_unchanged(tmp_path):
         scenario_from_dict(document, "s.yaml")
 
 
-@pytest.mark.parametrize("compressor", ["onebit", "topk"])
+@pytest.mark.parametrize("compressor", ["onebit", "topk", "qsgd", "terngrad"])
 def test_quantized_on_the_direct_exchange_decodes_the_same_as_on_gloos_all_gather(tmp_path, compressor):
     # Same payloads, decoded in rank order: the same losses at every step; only the time differs
-    # (gloo's all_gather is modelled as the ring: n-1 steps; direct: one round trip). Deterministic
-    # codes only: simulated ranks share one process's default generator, so a stochastic code's
-    # draws follow the order the ranks run in, which the transport's timing changes (real ranks:
-    # tests/trainers/test_quantized.py, qsgd included, bit for bit)
+    # (gloo's all_gather is modelled as the ring: n-1 steps; direct: one round trip). Stochastic
+    # codes too: each rank draws from its own generator (Algorithm.rank_generator), not from the
+    # process's default one that simulated ranks share, whose draws followed the order the ranks
+    # ran in, which the transport's timing changes (real ranks: tests/trainers/test_quantized.py)
     def steps(name, allreduce):
         cfg = config(tmp_path, name, steps=12, algorithm={"name": "quantized", "params": {"compressor": compressor}},
                      comm={"allreduce": allreduce})
-        run_simulated(cfg, 4, network(4, 0.05, 125e6), ComputeModel(0.001, 0.0))
+        # per-direction delays: the ranks finish their exchanges, and so draw, in an order that
+        # differs between the two transports
+        run_simulated(cfg, 4, asymmetric_network(4), ComputeModel(0.001, 0.0))
         return records(tmp_path / name, 0, "step")
 
     gloo, direct = steps("gloo", "gloo"), steps("direct", "direct")

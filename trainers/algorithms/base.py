@@ -43,6 +43,7 @@ class AlgorithmContext:
         device: compute device.
         min_compute_s: pad forward + backward to at least this many seconds (a compute profile;
             None: no padding). See :meth:`Algorithm.pad_compute`.
+        seed: the job's seed, for an algorithm's own random draws (:meth:`Algorithm.rank_generator`).
     """
 
     model: nn.Module
@@ -52,6 +53,7 @@ class AlgorithmContext:
     lr: float
     device: torch.device
     min_compute_s: Optional[float] = None
+    seed: int = 0
 
 
 @dataclass
@@ -161,6 +163,14 @@ class Algorithm(ABC):
         elastic move, a server's update). Call it where the result is applied, not where it is
         launched; a plain counter, so it costs nothing per step."""
         self.syncs_applied += count
+
+    def rank_generator(self, stream: int) -> torch.Generator:
+        """A random generator of this rank's own, on the compute device, seeded from the job's
+        seed, the rank and ``stream`` (a number per use). Not torch's default generator: on the
+        simulator every rank runs in one process and shares that one, so its draws would follow
+        the order the ranks happen to run in."""
+        generator = torch.Generator(device=self.ctx.device)
+        return generator.manual_seed((self.ctx.seed * 1000 + self.ctx.comm.rank) * 7919 + stream)
 
     def make_optimizer(self, parameters: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
         """The configured local optimizer (sgd with momentum/nesterov, or adamw) over ``parameters``."""

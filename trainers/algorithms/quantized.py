@@ -141,7 +141,10 @@ class Quantized(Algorithm):
     def __init__(self, params: QuantizedParams, ctx: AlgorithmContext):
         super().__init__(params, ctx)
         reduce_hook = ring_allreduce_hook if params.collective == "ring" else allreduce_hook
-        self.exchange = CompressedExchange(build_compressor(params.compressor, **params.compressor_params()), reduce_hook)
+        # stochastic rounding (QSGD, TernGrad) draws from the rank's own generator: the same codes
+        # whatever order simulated ranks run in, and so on every transport
+        compressor = build_compressor(params.compressor, self.rank_generator(stream=1), **params.compressor_params())
+        self.exchange = CompressedExchange(compressor, reduce_hook)
         self.inner: Algorithm = _COMPRESSED_BASES[params.base](params.base_params(), ctx, self.exchange)
         self.optimizer = self.inner.optimizer
 
