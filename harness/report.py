@@ -53,6 +53,7 @@ class RunInfo:
     sim: Optional[dict] = None  # backend sim: the compute model and NIC (scenario.json's `sim`)
     jobs: list = field(default_factory=list)  # the run's job folders (harness/rundir.py JobDir), read once
     budget: Optional[EqualBudget] = None  # the run's equal budget, resolved (harness/budget.py)
+    target_loss: Optional[float] = None   # stop.target_loss: time to target is to a held-out loss <= this
 
 
 @dataclass
@@ -128,7 +129,7 @@ def _run_name(run_dir: Path) -> str:
 def _run_info(run: RunDir, path: Path, name: str, frames: RunFrames) -> RunInfo:
     return RunInfo(path, name, frames.complete, frames.target_accuracy, run.environment, run.interrupted,
                    frames.budget_steps, frames.budget_time_s, frames.time_dilation, run.time_dilation_auto, run.sim,
-                   run.jobs, frames.budget)
+                   run.jobs, frames.budget, frames.target_loss)
 
 
 def load_results(run_dirs: Iterable, loaded: Optional[dict] = None, summaries: Optional[dict] = None) -> Results:
@@ -529,10 +530,13 @@ def report_markdown(results: Results, figures: ReportFigures, out: Path) -> str:
     lines += ["## Runs", ""]
     for run in results.runs:
         mark = "complete" if run.complete else "**INCOMPLETE**"
-        target = "-" if run.target_accuracy is None else f"{run.target_accuracy:g}"
+        if run.target_accuracy is None and run.target_loss is not None:
+            target = f"target held-out loss {run.target_loss:g}"
+        else:
+            target = "target accuracy " + ("-" if run.target_accuracy is None else f"{run.target_accuracy:g}")
         dilation = dilation_sentence(run)
         simulated = sim_sentence(run)
-        lines.append(f"- `{run.name}` ({mark}; target accuracy {target}; {budget_sentence(run)}"
+        lines.append(f"- `{run.name}` ({mark}; {target}; {budget_sentence(run)}"
                      f"{'; ' + dilation if dilation else ''}{'; ' + simulated if simulated else ''}): "
                      f"`{run.path}`; {_environment_lines(run)}")
     lines += ["", "## Summary", "", "What the columns mean (every column is in `summary.csv`):", ""]

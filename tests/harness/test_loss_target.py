@@ -87,3 +87,5 @@ def test_a_sim_run_of_a_tiny_language_model_reaches_a_loose_loss_target(write_ya
     first_at_target = next(e for e in evals if e["loss"] <= 4.0)
     assert 0 < row["time_to_target_s"] <= first_at_target["train_time_s"]
     assert "sha256" in row["data_source"]
+    report = next((tmp_path / "runs").rglob("report.md")).read_text()
+    assert "target held-out loss 4;" in report and "target accuracy -" not in report
