@@ -677,7 +677,9 @@ def independent_training(row) -> bool:
 def sync_reference(table: pd.DataFrame, row, among: Optional[pd.Series] = None) -> Optional[pd.Series]:
     """The sync job `row` is compared with: same network point and seed, and the same workload
     where sync ran on several (else the first, as for sync variants of one workload); None when
-    there is no sync job there. Every comparison with sync goes through here.
+    there is no sync job there. Every comparison with sync goes through here. Under a tuning
+    protocol (a `phase` column), within the row's phase: a reported job against the reported
+    sync (at sync's pick), a tuning candidate against sync's candidate of the same workload.
 
     Args:
         table: summary rows (`algorithm`, `network`, `seed`, `workload` columns).

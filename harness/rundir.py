@@ -167,7 +167,8 @@ class RunDir:
     @cached_property
     def tuning(self) -> Optional[dict]:
         """tuning.json (the grid, the rule and each label's pick), None for a run without tuning."""
-        return read_json_object(self.path / TUNING_FILE) or None
+        path = self.path / TUNING_FILE
+        return (read_json_object(path) or None) if path.is_file() else None
 
     @cached_property
     def environment(self) -> dict:

@@ -107,9 +107,10 @@ def loss_at(evals: pd.DataFrame, progress: pd.Series, budget: Optional[float]) -
 
 
 def candidate_scores(frames: RunFrames, jobs: list[Job]) -> pd.DataFrame:
-    """One row per tuning job of `jobs` that the run directory holds, with its status and scores,
-    summarized among these jobs alone (their own equal budget: harness/budget.py's default is the
-    furthest every one of them got)."""
+    """One row per tuning job of `jobs` that the run directory holds (indexed by job id), with its
+    status and scores, summarized among these jobs alone: their own equal budget (harness/budget.py's
+    default: the furthest every one of them got), and their output_sync_s from the sync candidate
+    of the same workload among them."""
     ids = [job.job_id for job in jobs]
     own = frames_of_jobs(frames, ids)
     table = summarize(own)
@@ -154,9 +155,13 @@ class Tuning:
         tuning.json, and give the reported jobs at the picks."""
         reported: list[Job] = []
         by = self.scenario.spec.tuning.by
+        # scored among every tuning job compared at this point (sync's too: the output_sync_s of a
+        # mean-of-replicas output is sync's blocked step, as in the summary)
+        compared_here = [job for job in self.scenario.jobs if job.network.key == point.key]
+        every = candidate_scores(frames, compared_here)
         for group in [g for g in self.scenario.tuning_groups if g.network == point]:
             jobs = group.tuning_jobs()
-            scores = candidate_scores(frames, jobs)
+            scores = every.reindex([job.job_id for job in jobs if job.job_id in every.index])
             chosen = pick(scores, by)
             values = {job.job_id: job.tuned for job in jobs}
             self.picks.append(_pick_record(group, scores, values, chosen))

@@ -233,3 +233,67 @@ def test_a_tuned_run_picks_on_the_tuning_seed_and_reports_on_the_others(lr_engin
     assert "| delay1 | local_sgd | lr=0.1 |" in markdown
     table = markdown.split("| network | label | seed |")[1].split("\n\n")[0]
     assert "sync-lr" not in table and "| delay1 | sync | 1 |" in table  # the table: reported seeds only
+
+
+# --- the summary and the report of a tuned run, from hand-made records -------------------------
+
+
+def _tuned_run(tmp_path):
+    """sync's tuning candidate on seed 0 reaches 0.9 at step 5 (quicker than its reported run,
+    at step 7); dts's reported run at step 3. Ratios must use the reported sync."""
+    from tests.harness.test_report import FakeJob, write_run
+
+    jobs = [FakeJob("sync", label="sync-lr0.1", seed=0, evals={1: 0.5, 5: 0.95}),
+            FakeJob("sync", label="sync", seed=1, evals={1: 0.5, 7: 0.95}),
+            FakeJob("dts", label="dts", seed=1, evals={1: 0.5, 3: 0.95})]
+    run_dir = write_run(tmp_path, jobs)
+    phases = {"sync-lr0.1": ("tuning", {"lr": 0.1}), "sync": ("reported", {"lr": 0.1}),
+              "dts": ("reported", {"lr": 0.3})}
+    for job_dir in (run_dir / "jobs").iterdir():
+        info = json.loads((job_dir / "job.json").read_text())
+        phase, tuned = phases[info["label"]]
+        base = info["label"].split("-lr")[0]
+        (job_dir / "job.json").write_text(json.dumps({**info, "base_label": base, "tuned": tuned, "phase": phase,
+                                                      "tuning_group": base}))
+    return run_dir
+
+
+def test_ratios_against_sync_are_taken_within_a_phase(tmp_path):
+    from harness.results import load_run, summarize
+
+    table = summarize(load_run(_tuned_run(tmp_path))).set_index("label")
+    assert table["phase"].to_dict() == {"dts": "reported", "sync": "reported", "sync-lr0.1": "tuning"}
+    assert table.loc["dts", "speedup_vs_sync"] == pytest.approx(
+        table.loc["sync", "time_to_target_s"] / table.loc["dts", "time_to_target_s"])
+    assert table.loc["dts", "speedup_vs_sync"] > 1.5  # against the reported sync (step 7), not the candidate (5)
+    assert table.loc["sync-lr0.1", "speedup_vs_sync"] == pytest.approx(1.0)
+    assert pd.isna(table.loc["sync-lr0.1", "sweep_best"])  # the pick lives in tuning.json
+
+
+def test_the_report_states_the_protocol_and_leaves_the_tuning_jobs_out_of_its_table(tmp_path):
+    run_dir = _tuned_run(tmp_path)
+    candidate = {"status": "ok", "time_to_target_s": 5.5, "accuracy_at_budget": 0.95, "loss_at_budget": 0.2,
+                 "final_accuracy": 0.95}
+    (run_dir / "tuning.json").write_text(json.dumps({
+        "grid": {"lr": [0.1, 0.3]}, "seed": 0, "by": "time_to_target", "tie_break": "the rule's words",
+        "linear_scaling": True, "reported_seeds": [1],
+        "picks": [{"network": "delay1", "label": "sync", "pick": {"lr": 0.1}, "pick_job_id": "delay1-sync-lr0.1-seed0",
+                   "candidates": [{**candidate, "values": {"lr": 0.1}, "job_id": "delay1-sync-lr0.1-seed0"},
+                                  {**candidate, "values": {"lr": 0.4}, "job_id": "x", "linear_scaling": True,
+                                   "status": "failed"}]},
+                  {"network": "delay1", "label": "dts", "pick": None, "pick_job_id": None, "candidates": [],
+                   "why_no_pick": "no candidate ended ok"}]}))
+    outcome = write_report([run_dir], tmp_path / "report")
+    markdown = outcome.markdown.read_text()
+    assert "every algorithm ran the same grid, lr in {0.1, 0.3}" in markdown
+    assert "on the tuning seed 0" in markdown and "by **time_to_target**: the rule's words" in markdown
+    assert "reported seeds (1) only" in markdown and "the 1 tuning job(s) are in summary.csv" in markdown
+    assert "| delay1 | sync | lr=0.1 | 5.5 | lr=0.1: 5.5 / 0.95 / 0.2; lr=0.4 (linear scaling): job failed |" in markdown
+    assert "| delay1 | dts | none (no candidate ended ok) | - |  |" in markdown
+    table = markdown.split("| network | label | seed |")[1].split("\n\n")[0]
+    assert "sync-lr0.1" not in table and "| delay1 | sync | 1 |" in table and "| delay1 | dts | 1 |" in table
+    # the CSV keeps every job, with its phase; the figures only the reported seeds
+    summary = pd.read_csv(outcome.combined_csv)
+    assert sorted(summary["phase"]) == ["reported", "reported", "tuning"]
+    assert "sync-lr0.1" not in set(outcome.results.comparable()["label"])
+    assert "sync-lr0.1" not in set(outcome.results.steps["label"])
