@@ -264,7 +264,7 @@ def run_frames(run: RunDir) -> RunFrames:
 
 def frames_of_jobs(frames: RunFrames, job_ids: list[str]) -> RunFrames:
     """`frames` cut down to the jobs `job_ids`, with the equal budget's default resolved over
-    them alone (harness/tuning.py scores a label's candidates among themselves)."""
+    them alone (harness/tuning.py scores a network point's tuning candidates among themselves)."""
     def only(frame: pd.DataFrame) -> pd.DataFrame:
         if not len(frame) or "job_id" not in frame:
             return frame

@@ -208,8 +208,8 @@ def _run_points(scenario: Scenario, backend_cls, run_dir: Path, console, sim: Op
                 run(job)
             if tuning is None:
                 continue
-            picked = tuning.choose(load_run(run_dir), point)
-            for record in tuning.picks[-len([g for g in scenario.tuning_groups if g.network == point]):]:
+            picked, records = tuning.choose(load_run(run_dir), point)
+            for record in records:
                 console.print(f"  tuning: {record['label']} at {record['network']}: pick {record['pick']} "
                               f"(by {scenario.spec.tuning.by} on seed {scenario.spec.tuning.seed})")
             reported += picked

@@ -746,9 +746,9 @@ def _check_tuning(spec: ScenarioFile, entries: list[AlgorithmEntry], source: str
     if len(spec.seeds) < 2:
         raise ConfigError("seeds", f"tuning picks on seed {tuning.seed} and reports on the others: give at "
                           "least one more seed", source=source)
-    for label in spec.sweep.workload:
-        raise ConfigError(f"sweep.workload.{label}", "tuning.grid already tunes every algorithm by one "
-                          "protocol: give the values in tuning.grid, or drop tuning", source=source)
+    if spec.sweep.workload:
+        raise ConfigError(f"sweep.workload.{next(iter(spec.sweep.workload))}", "tuning.grid already tunes every "
+                          "algorithm by one protocol: give the values in tuning.grid, or drop tuning", source=source)
     if tuning.by == "time_to_target" and spec.stop.target_accuracy is None and spec.stop.target_loss is None:
         raise ConfigError("tuning.by", "time_to_target needs stop.target_accuracy or stop.target_loss; or pick "
                           "by accuracy_at_budget or loss", source=source)

@@ -150,10 +150,11 @@ class Tuning:
                 "reported_seeds": [s for s in self.scenario.spec.seeds if s != tuning.seed],
                 "picks": self.picks}
 
-    def choose(self, frames: RunFrames, point: NetworkPoint) -> list[Job]:
+    def choose(self, frames: RunFrames, point: NetworkPoint) -> tuple[list[Job], list[dict]]:
         """Pick every label whose candidates ran at `point` (their jobs in `frames`), write
-        tuning.json, and give the reported jobs at the picks."""
+        tuning.json, and give the reported jobs at the picks and the picks' records."""
         reported: list[Job] = []
+        made = len(self.picks)
         by = self.scenario.spec.tuning.by
         # scored among every tuning job compared at this point (sync's too: the output_sync_s of a
         # mean-of-replicas output is sync's blocked step, as in the summary)
@@ -168,7 +169,7 @@ class Tuning:
             if chosen is not None:
                 reported += group.reported_jobs(values[chosen])
         write_json_atomic(self.path, self.record())
-        return reported
+        return reported, self.picks[made:]
 
 
 def _pick_record(group: TuningGroup, scores: pd.DataFrame, values: dict, chosen) -> dict:
