@@ -443,7 +443,9 @@ def write_job_record(spec: JobSpec, outcome: JobOutcome, **extra) -> None:
                                                   "network_key": job.network.key,
                                                   "params": job.params, "nodes": spec.nodes,
                                                   "base_label": job.base_label or job.label,
-                                                  "tuned": job.tuned, "backend": spec.backend, **extra})
+                                                  "tuned": job.tuned, "backend": spec.backend,
+                                                  **({"phase": job.phase, "tuning_group": job.tuning_group}
+                                                     if job.phase else {}), **extra})
 
 
 def sim_job_argv(job_dir: Path) -> list[str]:

@@ -28,6 +28,7 @@ from .results import (BYTE_COLUMNS, FAULT_COLUMNS, HEADLINE_COLUMNS, METRICS, SU
                       format_bytes, independent_training, injection_failed, run_frames, summarize)
 from .budget import EqualBudget
 from .rundir import RunDir
+from .tuning import RULE_KEYS, is_tuning
 
 # Per run, at most this many loss/accuracy figures (one per network point); the rest are listed.
 MAX_PROGRESS_FIGURES_PER_RUN = 12
@@ -51,6 +52,7 @@ class RunInfo:
     time_dilation: float = 1.0
     time_dilation_auto: Optional[dict] = None  # how time_dilation: auto chose K (scenario.json)
     sim: Optional[dict] = None  # backend sim: the compute model and NIC (scenario.json's `sim`)
+    tuning: Optional[dict] = None  # tuning.json: the grid, the rule and each label's pick (None: no tuning)
     jobs: list = field(default_factory=list)  # the run's job folders (harness/rundir.py JobDir), read once
     budget: Optional[EqualBudget] = None  # the run's equal budget, resolved (harness/budget.py)
     target_loss: Optional[float] = None   # stop.target_loss: time to target is to a held-out loss <= this
@@ -71,10 +73,19 @@ class Results:
         return [run for run in self.runs if not run.complete]
 
     def comparable(self) -> pd.DataFrame:
-        """Summary rows fit for the comparison figures: complete runs, jobs that ended ok."""
+        """Summary rows fit for the comparison figures: complete runs, jobs that ended ok, and
+        under a tuning protocol the reported seeds only."""
         if not len(self.summary):
             return self.summary
-        return self.summary[self.summary["run_complete"] & (self.summary["status"] == "ok")]
+        return self.summary[self.summary["run_complete"] & (self.summary["status"] == "ok")
+                            & ~reported_only_mask(self.summary)]
+
+
+def reported_only_mask(summary: pd.DataFrame) -> pd.Series:
+    """True for the rows of a tuning protocol's tuning phase (the tables and figures leave them out)."""
+    if "phase" not in summary:
+        return pd.Series(False, index=summary.index)
+    return summary["phase"].map(is_tuning).astype(bool)
 
 
 def open_run(path) -> RunDir:
@@ -129,7 +140,7 @@ def _run_name(run_dir: Path) -> str:
 def _run_info(run: RunDir, path: Path, name: str, frames: RunFrames) -> RunInfo:
     return RunInfo(path, name, frames.complete, frames.target_accuracy, run.environment, run.interrupted,
                    frames.budget_steps, frames.budget_time_s, frames.time_dilation, run.time_dilation_auto, run.sim,
-                   run.jobs, frames.budget, frames.target_loss)
+                   run.tuning, run.jobs, frames.budget, frames.target_loss)
 
 
 def load_results(run_dirs: Iterable, loaded: Optional[dict] = None, summaries: Optional[dict] = None) -> Results:
@@ -162,13 +173,18 @@ def load_results(run_dirs: Iterable, loaded: Optional[dict] = None, summaries: O
             summary.assign(mean_rtt_ms=None, rate_bit_s=None)
         extra = {"run": name, "run_complete": frames.complete}
         tables.append(summary.assign(**extra))
+        # the training curves of a tuning protocol's reported seeds only (its tuning jobs: tuning.json)
+        tuned_ids = set(frames.jobs.loc[frames.jobs["phase"].map(is_tuning).astype(bool), "job_id"]) \
+            if "phase" in frames.jobs else set()
         if len(frames.steps):
-            steps.append(frames.steps.assign(**extra))
+            steps.append(frames.steps[~frames.steps["job_id"].isin(tuned_ids)].assign(**extra))
         if len(frames.evals):
-            evals.append(frames.evals.assign(**extra))
+            evals.append(frames.evals[~frames.evals["job_id"].isin(tuned_ids)].assign(**extra))
         if len(frames.faults):
             faults.append(frames.faults.assign(**extra))
     columns = ["run", "run_complete", *SUMMARY_COLUMNS, "mean_rtt_ms", "rate_bit_s"]
+    if any("phase" in table for table in tables):  # a run with a tuning protocol
+        columns.insert(columns.index("seed") + 1, "phase")
     summary = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=columns)
     summary = summary[columns]
     faults = pd.concat(faults, ignore_index=True)[FAULT_CSV_COLUMNS] if faults else \
@@ -428,6 +444,50 @@ def budget_lines(rows: pd.DataFrame) -> list[str]:
             f"{row['budget_not_reached']}" for row in missed.to_dict("records")]
 
 
+def _values_text(values: Optional[dict]) -> str:
+    return "none" if not values else ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                                               for k, v in values.items())
+
+
+def tuning_lines(tuning: Optional[dict], tuning_jobs: int = 0) -> list[str]:
+    """The report's words for a run's tuning protocol (tuning.json): the grid, the rule and its
+    tie-break, the tuning seed and the reported seeds, then each label's pick with its score."""
+    if not tuning:
+        return [f"- {tuning_jobs} tuning job(s) (phase tuning) left out of the table; no tuning.json: no picks recorded"]
+    grid = "; ".join(f"{key} in {{{', '.join(f'{v:g}' for v in values)}}}" for key, values in tuning["grid"].items())
+    by = tuning.get("by", "?")
+    seeds = ", ".join(str(s) for s in tuning.get("reported_seeds") or []) or "none"
+    scaling = (" (an algorithm averaging every worker's gradient each step, such as sync, also at its own lr x "
+               "the workers it averages: the linear-scaling value for its larger global batch)"
+               if tuning.get("linear_scaling") else "")
+    lines = [f"- **tuned by one protocol**: every algorithm ran the same grid, {grid}{scaling}, on the tuning "
+             f"seed {tuning.get('seed')} at each network point; each label's pick by **{by}**: "
+             f"{tuning.get('tie_break', '')}. The table and the ratios against sync use the reported seeds "
+             f"({seeds}) only, each job against sync at sync's own pick; the {tuning_jobs} tuning job(s) are "
+             "in summary.csv (phase tuning) and tuning.json.", ""]
+    keys = [column for column, _ in RULE_KEYS.get(by, RULE_KEYS["time_to_target"])]
+    score = keys[0]
+    lines += [f"| network | label | pick | its {score} | candidates: {', '.join(keys)} |",
+              "|---|---|---|---:|---|"]
+
+    def number(value) -> str:
+        return "-" if value is None else f"{value:.4g}"
+
+    for record in tuning.get("picks") or []:
+        chosen = next((c for c in record.get("candidates") or [] if c.get("job_id") == record.get("pick_job_id")), {})
+        cells = []
+        for candidate in record.get("candidates") or []:
+            text = ("job " + str(candidate.get("status")) if candidate.get("status") != "ok"
+                    else " / ".join(number(candidate.get(key)) for key in keys))
+            mark = " (linear scaling)" if candidate.get("linear_scaling") else ""
+            cells.append(f"{_values_text(candidate.get('values'))}{mark}: {text}")
+        pick = _values_text(record.get("pick")) if record.get("pick") is not None else \
+            f"none ({record.get('why_no_pick', '?')})"
+        lines.append(f"| {record.get('network')} | {record.get('label')} | {pick} | "
+                     f"{number(chosen.get(score))} | {'; '.join(cells)} |")
+    return lines
+
+
 def dilation_sentence(run: RunInfo) -> str:
     """The run's time dilation, and how `auto` chose it; "" for an undilated run."""
     if run.time_dilation_auto is not None:
@@ -544,9 +604,14 @@ def report_markdown(results: Results, figures: ReportFigures, out: Path) -> str:
     lines += [""]
     for run in results.runs:
         rows = results.summary[results.summary["run"] == run.name]
+        tuning_rows = rows[reported_only_mask(rows)]
+        rows = rows[~reported_only_mask(rows)]
         heading = f"### {run.name}" + ("" if run.complete else " (INCOMPLETE run: partial rows)")
         shown, independent = mark_independent_training(rows)
-        lines += [heading, "", markdown_table(shown, HEADLINE_COLUMNS), ""]
+        lines += [heading, ""]
+        if run.tuning or len(tuning_rows):
+            lines += [*tuning_lines(run.tuning, len(tuning_rows)), ""]
+        lines += [markdown_table(shown, HEADLINE_COLUMNS), ""]
         if independent:
             lines += [*independent, ""]
         if len(rows):

@@ -15,6 +15,7 @@ the job's processes, the zero of a scenario's `faults: at:` times (see `load_fau
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -261,6 +262,23 @@ def run_frames(run: RunDir) -> RunFrames:
                      time_dilation=k, run=run, target_loss=stop.get("target_loss"))
 
 
+def frames_of_jobs(frames: RunFrames, job_ids: list[str]) -> RunFrames:
+    """`frames` cut down to the jobs `job_ids`, with the equal budget's default resolved over
+    them alone (harness/tuning.py scores a network point's tuning candidates among themselves)."""
+    def only(frame: pd.DataFrame) -> pd.DataFrame:
+        if not len(frame) or "job_id" not in frame:
+            return frame
+        return frame[frame["job_id"].isin(job_ids)].reset_index(drop=True)
+
+    jobs, evals = only(frames.jobs), only(frames.evals)
+    stated = frames.budget if frames.budget is not None else EqualBudget()
+    budget = dataclasses.replace(stated, steps=stated.steps if stated.steps_stated else None,
+                                 time_s=stated.time_s if stated.time_stated else None)
+    budget = budget.resolved(_reached_by_jobs_ok(jobs, evals))
+    return dataclasses.replace(frames, jobs=jobs, steps=only(frames.steps), evals=evals, faults=only(frames.faults),
+                               budget=budget, budget_steps=budget.steps, budget_time_s=budget.time_s)
+
+
 def _last_evaluation(evals: pd.DataFrame) -> tuple[Optional[int], Optional[float]]:
     """(steps done, training time) at a job's last evaluation; (None, None) without one."""
     if not len(evals):
@@ -295,6 +313,7 @@ def _load_job(job_dir: JobDir, run_backend: Optional[str]) -> _JobRows:
            "reason": info.get("reason", ""), "wire": job_dir.wire_bytes_by_rank,
            "server_ranks": list((info.get("params") or {}).get("server_ranks") or []),
            "base_label": info.get("base_label") or base["label"], "tuned": info.get("tuned") or {},
+           "phase": info.get("phase") or "",
            "backend": info.get("backend") or run_backend, "congestion_control": congestion_control(info)}
     steps, evals = [], []
     clock = _JobClock(records={})
@@ -487,7 +506,9 @@ def _mark_sweep_best(table: pd.DataFrame, jobs: pd.DataFrame) -> None:
         return
     table["sweep_best"] = table["sweep_best"].astype(object)
     base = jobs["base_label"].to_list()
-    tuned = [bool(t) for t in jobs["tuned"].to_list()]
+    # a tuning protocol's jobs (tuning: ...) are picked on the tuning seed (tuning.json), not here
+    phases = jobs["phase"].to_list() if "phase" in jobs else [""] * len(jobs)
+    tuned = [bool(t) and not phase for t, phase in zip(jobs["tuned"].to_list(), phases)]
     groups: dict = {}
     for index, row in table.iterrows():
         if tuned[index]:
@@ -500,6 +521,10 @@ def _mark_sweep_best(table: pd.DataFrame, jobs: pd.DataFrame) -> None:
                 for index in members:
                     table.at[index, "sweep_best"] = index == best
                 break
+
+
+def _has_phases(jobs: pd.DataFrame) -> bool:
+    return len(jobs) > 0 and "phase" in jobs and any(jobs["phase"].fillna("").astype(str) != "")
 
 
 def summarize(frames: RunFrames, target_accuracy: Optional[float] = None) -> pd.DataFrame:
@@ -517,6 +542,8 @@ def summarize(frames: RunFrames, target_accuracy: Optional[float] = None) -> pd.
         median_blocked.append(blocked)
         rows.append(row)
     table = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+    if _has_phases(frames.jobs):  # a run with a tuning protocol (only then: older summaries keep their columns)
+        table.insert(SUMMARY_COLUMNS.index("seed") + 1, "phase", frames.jobs["phase"].to_list())
     _mark_sweep_best(table, frames.jobs)
     _add_output_sync(table, replica_output, median_blocked)
     _add_compute_comm_ratio(table, median_blocked)
@@ -650,7 +677,9 @@ def independent_training(row) -> bool:
 def sync_reference(table: pd.DataFrame, row, among: Optional[pd.Series] = None) -> Optional[pd.Series]:
     """The sync job `row` is compared with: same network point and seed, and the same workload
     where sync ran on several (else the first, as for sync variants of one workload); None when
-    there is no sync job there. Every comparison with sync goes through here.
+    there is no sync job there. Every comparison with sync goes through here. Under a tuning
+    protocol (a `phase` column), within the row's phase: a reported job against the reported
+    sync (at sync's pick), a tuning candidate against sync's candidate of the same workload.
 
     Args:
         table: summary rows (`algorithm`, `network`, `seed`, `workload` columns).
@@ -659,6 +688,8 @@ def sync_reference(table: pd.DataFrame, row, among: Optional[pd.Series] = None) 
             sync jobs that measured what the comparison needs).
     """
     chosen = (table["algorithm"] == "sync") & (table["network"] == row["network"]) & (table["seed"] == row["seed"])
+    if "phase" in table:  # under tuning: a reported job against the reported sync (at sync's pick)
+        chosen &= table["phase"].fillna("") == (row.get("phase") if isinstance(row.get("phase"), str) else "")
     if among is not None:
         chosen &= among
     candidates = table[chosen]
@@ -750,7 +781,9 @@ def summary_table(table: pd.DataFrame, title: str):
     """A rich Table of the comparison columns people read first."""
     from rich.table import Table
 
-    shown = HEADLINE_COLUMNS
+    shown = list(HEADLINE_COLUMNS)
+    if "phase" in table:  # a tuning protocol's run: tuning or reported
+        shown.insert(shown.index("seed") + 1, "phase")
     out = Table(title=title)
     for column in shown:
         out.add_column(column.replace("_", " "), justify="right")

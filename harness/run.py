@@ -40,7 +40,8 @@ from .jobs import JobOutcome, last_records, run_job, run_sim_job
 from .jobspec import JobSpec, dilated, job_spec
 from .paths import RUNS_ROOT
 from .results import RunFrames, load_run, summarize, write_summary
-from .scenario import AUTO_TIME_DILATION, SIM_BACKEND, NetworkPoint, Scenario, check_sim
+from .scenario import AUTO_TIME_DILATION, SIM_BACKEND, Job, NetworkPoint, Scenario, check_sim
+from .tuning import TUNING_FILE, Tuning
 from .sim_job import SimRun, sim_run
 
 
@@ -53,11 +54,14 @@ class CompletedRun:
     summary: pd.DataFrame
 
 
-def scenario_record(scenario: Scenario, sim: Optional[SimRun] = None) -> dict:
+def scenario_record(scenario: Scenario, sim: Optional[SimRun] = None, reported: Optional[list[Job]] = None) -> dict:
     """What scenario.json holds: the resolved scenario, every job, how an auto K was chosen, and
-    on sim the compute model (`sim`: each workload's seconds and where they came from)."""
+    on sim the compute model (`sim`: each workload's seconds and where they came from).
+    `reported`: under `tuning:`, the reported jobs made so far from the picks (after the tuning
+    phase's jobs)."""
+    jobs = [*scenario.jobs, *(reported or [])]
     record = {"name": scenario.name, "source_file": scenario.source_file,
-              "spec": scenario.spec.model_dump(), "jobs": [job.record() for job in scenario.jobs]}
+              "spec": scenario.spec.model_dump(), "jobs": [job.record() for job in jobs]}
     if scenario.time_dilation_auto is not None:
         record["time_dilation_auto"] = scenario.time_dilation_auto
     if sim is not None:
@@ -178,14 +182,19 @@ def _progress(console, spec: JobSpec, stop):
 
 def _run_points(scenario: Scenario, backend_cls, run_dir: Path, console, sim: Optional[SimRun] = None) -> None:
     """Build each network point in turn, verify it, run its jobs, tear it down; on sim (`sim`
-    given), simulate each job over the point's plan instead."""
+    given), simulate each job over the point's plan instead. Under `tuning:` a point's jobs are
+    its tuning phase; then each label's pick is made (tuning.json, harness/tuning.py) and the
+    reported seeds run at the picks, on the same network."""
     _say_run_settings(scenario, console, sim)
     ports = _MasterPorts(scenario.spec.master_port)
+    tuning = Tuning(scenario, run_dir / TUNING_FILE) if scenario.spec.tuning is not None else None
+    reported: list[Job] = []
     for point in scenario.network_points():
         with _network_point(scenario, point, backend_cls, run_dir, console) as (plan, backend):
             # the point's fault actions, compiled once, in emulated seconds
             faults = compile_actions(scenario.faults, plan.emulated_region_links()) if scenario.faults else ()
-            for job in [j for j in scenario.jobs if j.network == point]:
+
+            def run(job: Job) -> None:
                 if sim is not None:
                     spec = job_spec(scenario, job, run_dir / job.folder, plan, SIM_BACKEND, faults,
                                     sim.job_settings(job, run_dir / point.folder / "plan.json", plan))
@@ -194,6 +203,19 @@ def _run_points(scenario: Scenario, backend_cls, run_dir: Path, console, sim: Op
                                    scenario.time_dilation)
                 outcome, state = _run_one_job(spec, plan, backend, ports.next(), console, scenario.spec.stop)
                 _print_job_line(console, spec, outcome, state)
+
+            for job in [j for j in scenario.jobs if j.network == point]:
+                run(job)
+            if tuning is None:
+                continue
+            picked, records = tuning.choose(load_run(run_dir), point)
+            for record in records:
+                console.print(f"  tuning: {record['label']} at {record['network']}: pick {record['pick']} "
+                              f"(by {scenario.spec.tuning.by} on seed {scenario.spec.tuning.seed})")
+            reported += picked
+            write_json_atomic(run_dir / "scenario.json", scenario_record(scenario, sim, reported))
+            for job in picked:
+                run(job)
 
 
 def _say_run_settings(scenario: Scenario, console, sim: Optional[SimRun]) -> None:

@@ -25,6 +25,7 @@ SCENARIO_FILE = "scenario.json"
 EVAL_FILE = "eval.jsonl"     # the evaluator's records (trainers/evaluate.py)
 FAULTS_FILE = "faults.jsonl"  # the harness's fault events (harness/faults.py)
 WIRE_FILE = "wire.json"      # bytes each node put on the wire (harness/jobs.py)
+TUNING_FILE = "tuning.json"   # a tuning protocol's grid, rule and picks (harness/tuning.py)
 
 
 def read_json_object(path: Path) -> dict:
@@ -162,6 +163,12 @@ class RunDir:
         """Backend sim: the compute model and NIC (None on an emulated network)."""
         sim = self.scenario.get("sim")
         return sim if isinstance(sim, dict) else None
+
+    @cached_property
+    def tuning(self) -> Optional[dict]:
+        """tuning.json (the grid, the rule and each label's pick), None for a run without tuning."""
+        path = self.path / TUNING_FILE
+        return (read_json_object(path) or None) if path.is_file() else None
 
     @cached_property
     def environment(self) -> dict:

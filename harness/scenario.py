@@ -158,6 +158,55 @@ class SweepAxes(BaseModel):
         return values
 
 
+# tuning.by: how the pick among one label's candidates is made (harness/tuning.py says the tie-breaks)
+TUNING_RULES = ("time_to_target", "accuracy_at_budget", "loss")
+TUNING_PHASE = "tuning"
+REPORTED_PHASE = "reported"
+MAX_TUNING_VALUES = 20
+
+
+class TuningSettings(BaseModel):
+    """`tuning:`: one tuning protocol for every algorithm of the scenario (sync included).
+
+    grid: dotted workload key -> values (e.g. {lr: [0.01, 0.03, 0.1]}); every algorithm label at
+        every network point runs every combination on the tuning seed.
+    seed: the tuning seed (one of `seeds`); the other seeds are the reported ones, each label run
+        with its pick.
+    by: the rule that picks a label's candidate (harness/tuning.py): time_to_target (shortest;
+        needs a target), accuracy_at_budget (highest at the run's equal budget) or loss (lowest
+        held-out loss at that budget).
+    linear_scaling: an algorithm that averages every worker's gradient each step (a global batch of
+        workers x batch_size: sync, ddp, ps_sync, p3, quantized on sync) also runs the label's own
+        lr (the lr it has without tuning) x workers, the linear-scaling rule's value for its
+        larger batch, when that value is not in the grid already.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    grid: dict[str, list[float]] = Field(min_length=1)
+    seed: int
+    by: Literal["time_to_target", "accuracy_at_budget", "loss"] = "time_to_target"
+    linear_scaling: bool = True
+
+    @field_validator("grid")
+    @classmethod
+    def _grid(cls, grid):
+        for key, values in grid.items():
+            if not values:
+                raise ValueError(f"{key}: give at least one value")
+            if len(values) > MAX_TUNING_VALUES:
+                raise ValueError(f"{key}: at most {MAX_TUNING_VALUES} values, got {len(values)}")
+            if len(set(values)) != len(values):
+                raise ValueError(f"{key}: a value is listed twice ({values})")
+        return grid
+
+    @model_validator(mode="after")
+    def _scaling_needs_lr(self):
+        if self.linear_scaling and "lr" not in self.grid:
+            raise ValueError("linear_scaling scales lr, and the grid has no lr: add lr to the grid or set "
+                             "linear_scaling: false")
+        return self
+
+
 class SimSettings(BaseModel):
     """`backend: sim`: what the simulator charges for compute, and each node's NIC.
 
@@ -244,6 +293,9 @@ class ScenarioFile(BaseModel):
     mounts: list[str] = Field([], max_length=50)
     seeds: list[int] = Field([0], min_length=1, max_length=MAX_SEEDS)
     sweep: SweepAxes = SweepAxes()
+    # one learning-rate (or other workload) grid for every algorithm, picked on a tuning seed and
+    # reported on the others (harness/tuning.py); None: every job runs its stated settings
+    tuning: Optional[TuningSettings] = None
     verify: VerifySettings = VerifySettings()
     job_timeout_s: Optional[float] = Field(None, gt=0)   # default: 2 x time budget + 180 s
     stall_timeout_s: Optional[float] = Field(120.0, gt=0)  # no record from any rank for this long
@@ -280,6 +332,8 @@ class ScenarioFile(BaseModel):
         data = handler(self)
         if not data.get("node_sysctls"):
             data.pop("node_sysctls", None)
+        if data.get("tuning") is None:  # likewise a scenario without a tuning protocol
+            data.pop("tuning", None)
         return data
 
     @field_validator("time_dilation", mode="before")
@@ -348,6 +402,10 @@ class Job:
     tuned: dict = field(default_factory=dict)  # workload values of a tuning sweep (dotted key -> value)
     cwd: Optional[str] = None    # the command's working folder (absolute)
     mounts: list[str] = field(default_factory=list)  # folders the nodes must see: the scenario's, its mounts:
+    # `tuning:` (harness/tuning.py): "tuning" for a candidate run on the tuning seed, "reported" for
+    # a reported seed run at its label's pick; "" in a scenario without tuning
+    phase: str = ""
+    tuning_group: str = ""       # the label the pick is made for (the label without the tuned values)
     # `trainer_config` resolved and checked by the trainers' loader, once, when the scenario was
     # loaded; its output_dir is the job's folder relative to the run directory (`folder`), which
     # the job spec places under the run's (None for a user's command).
@@ -362,6 +420,8 @@ class Job:
         """What scenario.json says of the job (its trainer settings as the scenario states them)."""
         record = dataclasses.asdict(dataclasses.replace(self, trainer=None))
         del record["trainer"]
+        if not self.phase:  # a scenario without tuning saves the jobs it saved before tuning existed
+            del record["phase"], record["tuning_group"]
         return record
 
 
@@ -377,6 +437,9 @@ class Scenario:
     time_dilation_auto: Optional[dict] = None
     # the fault events with each trace's rows, read once here (compiled per network point by the run)
     faults: FaultProgram = field(default_factory=FaultProgram)
+    # `tuning:`: per (network point, label) its candidates; `jobs` holds the tuning phase's jobs,
+    # the reported phase's are made from each group's pick (TuningGroup.reported_jobs)
+    tuning_groups: list["TuningGroup"] = field(default_factory=list)
 
     def topology_for(self, point: NetworkPoint) -> Topology:
         return _topology_for(self.topology, self.spec, point)
@@ -517,6 +580,7 @@ class _TrainerOrigin:
     tuned: dict        # dotted workload key -> value from sweep.workload
     workload: dict     # the scenario's workload
     profile: bool      # min_compute_s came from compute_profile (the workloads do not give it)
+    tuned_from: str = ""  # where `tuned` came from: "" (sweep.workload.<label>) or "tuning.grid"
 
     def scenario_field(self, trainer_field: str) -> str:
         """The scenario's field for a trainer config field path (`algorithm.params.H` ->
@@ -535,12 +599,164 @@ class _TrainerOrigin:
             return "workload"
         for key in self.tuned:
             if trainer_field == key or trainer_field.startswith(key + ".") or key.startswith(trainer_field + "."):
-                return f"sweep.workload.{self.label}.{key}"
+                return f"{self.tuned_from or 'sweep.workload.' + self.label}.{key}"
         if _has(self.entry.workload, trainer_field):
             return f"algorithms[{self.index}].workload.{trainer_field}"
         if trainer_field == "min_compute_s" and self.profile and not _has(self.workload, trainer_field):
             return "compute_profile"
         return f"workload.{trainer_field}"
+
+
+# Algorithms whose step applies the gradient averaged over every worker (a global batch of workers x
+# batch_size), and so the linear-scaling rule's lr x workers (tuning.linear_scaling); quantized
+# only on its sync base.
+GLOBAL_BATCH_ALGORITHMS = ("sync", "ddp", "ps_sync", "p3")
+
+
+def global_batch_workers(algorithm: str, params: dict, workers: int) -> int:
+    """How many per-replica batches one step of `algorithm` averages: `workers` for an algorithm
+    that averages every worker's gradient each step (GLOBAL_BATCH_ALGORITHMS, quantized on sync),
+    1 for the others (each replica steps on its own batch)."""
+    if algorithm in GLOBAL_BATCH_ALGORITHMS or (algorithm == "quantized" and params.get("base", "sync") == "sync"):
+        return workers
+    return 1
+
+
+def tuned_suffix(tuned: dict) -> str:
+    """What a label gets for its tuned values: {"lr": 0.1} -> "-lr0.1"."""
+    return "".join(f"-{k.rsplit('.', 1)[-1]}{v}" for k, v in tuned.items())
+
+
+@dataclass(frozen=True)
+class _JobMaker:
+    """What every job of a scenario is made from besides its own entry, point, values and seed."""
+
+    spec: ScenarioFile
+    source: str
+    profile: Optional[ComputeProfile]
+    cwd: Optional[str]
+    mounts: list
+
+    def job(self, index: int, entry: AlgorithmEntry, variant: dict, tuned: dict, base_point: NetworkPoint,
+            point: NetworkPoint, placed: dict, seed: int, phase: str = "", label: Optional[str] = None,
+            tuning_group: str = "") -> Job:
+        """One job: entry `index` with its swept params `variant` (placed: with its server ranks)
+        and tuned workload values, at a network point, on one seed; its trainer config checked."""
+        spec, base = self.spec, entry.label or entry.name
+        variant_label = base + "".join(f"-{k}{v}" for k, v in variant.items())
+        label = label or variant_label + tuned_suffix(tuned)
+        job = Job(job_id=f"{base_point.key}-{label}-seed{seed}", network=point, algorithm=entry.name,
+                  label=label, seed=seed, params=placed, command=spec.command, base_label=base, tuned=tuned,
+                  cwd=self.cwd, mounts=self.mounts, phase=phase, tuning_group=tuning_group)
+        if spec.command is None:
+            from_grid = "tuning.grid" if spec.tuning is not None else ""
+            origin = _TrainerOrigin(index, base, entry, variant, tuned, spec.workload, self.profile is not None,
+                                    from_grid)
+            workload = _merged(entry.workload, _nested(tuned))
+            job.trainer_config = _trainer_config(spec, entry.name, placed, seed, workload, self.profile)
+            job.trainer = _trainer(self.source, job.trainer_config, job.folder, origin)
+        return job
+
+
+@dataclass
+class TuningGroup:
+    """One label at one network point under `tuning:`: its candidates (each a dict of dotted
+    workload key -> value) run on the tuning seed, and the reported seeds run at its pick.
+
+    Args:
+        label: the label the pick is made for (the entry's label with its swept params).
+        candidates: the grid's combinations, then the linear-scaling value where it applies.
+        linear_scaled: the candidate added by tuning.linear_scaling (None: none added).
+        workers: the per-replica batches one step averages (1 where the algorithm steps alone).
+    """
+
+    label: str
+    algorithm: str
+    network: NetworkPoint            # where its jobs run (a parameter server's extra node included)
+    base_point: NetworkPoint         # the network point it is compared at
+    candidates: list[dict]
+    linear_scaled: Optional[dict]
+    workers: int
+    base_lr: float                   # the label's lr without tuning (what linear scaling multiplies)
+    tuning_seed: int
+    reported_seeds: list[int]
+    maker: _JobMaker = field(repr=False)
+    index: int = 0
+    entry: Optional[AlgorithmEntry] = field(default=None, repr=False)
+    variant: dict = field(default_factory=dict)
+    params: dict = field(default_factory=dict)   # placed (server ranks included)
+
+    def _job(self, tuned: dict, seed: int, phase: str, label: str) -> Job:
+        return self.maker.job(self.index, self.entry, self.variant, tuned, self.base_point, self.network,
+                              self.params, seed, phase=phase, label=label, tuning_group=self.label)
+
+    def tuning_jobs(self) -> list[Job]:
+        """One job per candidate on the tuning seed (labelled with its values: sync-lr0.1)."""
+        return [self._job(tuned, self.tuning_seed, TUNING_PHASE, self.label + tuned_suffix(tuned))
+                for tuned in self.candidates]
+
+    def reported_jobs(self, pick: dict) -> list[Job]:
+        """One job per reported seed at the pick (labelled as the label itself: sync)."""
+        if pick not in self.candidates:
+            raise ValueError(f"{self.label}: pick {pick} is not one of its candidates {self.candidates}")
+        return [self._job(pick, seed, REPORTED_PHASE, self.label) for seed in self.reported_seeds]
+
+
+def _tuning_group(maker: _JobMaker, topology: Topology, index: int, entry: AlgorithmEntry, variant: dict,
+                  base_point: NetworkPoint) -> TuningGroup:
+    """The candidates of one label at one network point: every grid combination, and for an
+    algorithm with a larger global batch its own lr x workers (tuning.linear_scaling)."""
+    spec = maker.spec
+    tuning = spec.tuning
+    point, placed = _server_placement(topology, spec, base_point, {**entry.params, **variant}, entry.name)
+    nodes = sum(_topology_for(topology, spec, point).regions.values())
+    workers = global_batch_workers(entry.name, placed, nodes - len(placed.get("server_ranks") or []))
+    candidates = [dict(zip(tuning.grid, combo)) for combo in itertools.product(*tuning.grid.values())]
+    base_lr = float(_merged(spec.workload, entry.workload).get("lr", _default_lr()))
+    linear_scaled = None
+    if tuning.linear_scaling and workers > 1:
+        scaled = float(f"{base_lr * workers:.6g}")  # 0.08, not 0.08000000000000002
+        linear_scaled = {"lr": scaled}
+        for candidate in [{**c, "lr": scaled} for c in candidates]:  # with each value of the other keys
+            if candidate not in candidates:
+                candidates.append(candidate)
+    label = (entry.label or entry.name) + "".join(f"-{k}{v}" for k, v in variant.items())
+    reported = [seed for seed in spec.seeds if seed != tuning.seed]
+    return TuningGroup(label, entry.name, point, base_point, candidates, linear_scaled, workers, base_lr,
+                       tuning.seed, reported, maker, index, entry, variant, placed)
+
+
+def _default_lr() -> float:
+    """The trainers' lr where neither the workload nor the algorithm entry gives one."""
+    from trainers.config import Config
+
+    return next(f.default for f in dataclasses.fields(Config) if f.name == "lr")
+
+
+def _check_tuning(spec: ScenarioFile, entries: list[AlgorithmEntry], source: str) -> None:
+    """`tuning:` against the rest of the scenario: its seed among `seeds` with another to report
+    on, no second tuning of the same label (sweep.workload), no algorithm of its own value for a
+    grid key (the grid is the same for every algorithm), the trainers' workload to tune."""
+    tuning = spec.tuning
+    if spec.command is not None:
+        raise ConfigError("tuning", "tunes the trainers' workload, and command: runs your own script", source=source)
+    if tuning.seed not in spec.seeds:
+        raise ConfigError("tuning.seed", f"{tuning.seed} is not among seeds {spec.seeds}: the tuning seed is one "
+                          "of the scenario's seeds", source=source)
+    if len(spec.seeds) < 2:
+        raise ConfigError("seeds", f"tuning picks on seed {tuning.seed} and reports on the others: give at "
+                          "least one more seed", source=source)
+    if spec.sweep.workload:
+        raise ConfigError(f"sweep.workload.{next(iter(spec.sweep.workload))}", "tuning.grid already tunes every "
+                          "algorithm by one protocol: give the values in tuning.grid, or drop tuning", source=source)
+    if tuning.by == "time_to_target" and spec.stop.target_accuracy is None and spec.stop.target_loss is None:
+        raise ConfigError("tuning.by", "time_to_target needs stop.target_accuracy or stop.target_loss; or pick "
+                          "by accuracy_at_budget or loss", source=source)
+    for index, entry in enumerate(entries):
+        for key in tuning.grid:
+            if _has(entry.workload, key):
+                raise ConfigError(f"algorithms[{index}].workload.{key}", f"tuning.grid.{key} gives every "
+                                  "algorithm the same values: drop this one's own", source=source)
 
 
 def _check_auto_dilation(spec: ScenarioFile, source: str, field: str = "time_dilation") -> None:
@@ -642,35 +858,39 @@ def scenario_from_dict(data: dict, source: str) -> Scenario:
     for label in spec.sweep.workload:
         if label not in labels:
             raise ConfigError(f"sweep.workload.{label}", "no algorithm with this label or name", source=source)
+    if spec.tuning is not None:
+        _check_tuning(spec, entries, source)
+    maker = _JobMaker(spec, source, profile, cwd, mounts)
+    groups: list[TuningGroup] = []
     for index, entry in enumerate(entries):
         label = entry.label or entry.name
         swept = spec.sweep.params.get(label, {})
         variants = [dict(zip(swept, combo)) for combo in itertools.product(*swept.values())] or [{}]
         tuning = spec.sweep.workload.get(label, {})
         tunings = [dict(zip(tuning, combo)) for combo in itertools.product(*tuning.values())] or [{}]
+        if spec.tuning is not None:
+            for variant in variants:
+                for base_point in points:
+                    group = _tuning_group(maker, topology, index, entry, variant, base_point)
+                    groups.append(group)
+                    jobs += group.tuning_jobs()
+            continue
         for variant, tuned in itertools.product(variants, tunings):
-            params = {**entry.params, **variant}
-            workload = _merged(entry.workload, _nested(tuned))
-            variant_label = label + "".join(f"-{k.rsplit('.', 1)[-1]}{v}" for k, v in {**variant, **tuned}.items())
-            origin = _TrainerOrigin(index, label, entry, variant, tuned, spec.workload, profile is not None)
             for base_point in points:
-                point, placed = _server_placement(topology, spec, base_point, params, entry.name)
-                for seed in spec.seeds:
-                    job = Job(job_id=f"{base_point.key}-{variant_label}-seed{seed}", network=point,
-                              algorithm=entry.name, label=variant_label, seed=seed, params=placed,
-                              command=spec.command, base_label=label, tuned=tuned, cwd=cwd, mounts=mounts)
-                    if spec.command is None:
-                        job.trainer_config = _trainer_config(spec, entry.name, placed, seed, workload, profile)
-                        job.trainer = _trainer(source, job.trainer_config, job.folder, origin)
-                    jobs.append(job)
+                point, placed = _server_placement(topology, spec, base_point, {**entry.params, **variant}, entry.name)
+                jobs += [maker.job(index, entry, variant, tuned, base_point, point, placed, seed)
+                         for seed in spec.seeds]
     labels_made = [job.label for job in jobs]
-    clash = sorted({x for x in labels_made if labels_made.count(x) > len(points) * len(spec.seeds)})
+    seeds_per_label = 1 if spec.tuning is not None else len(spec.seeds)
+    clash = sorted({x for x in labels_made if labels_made.count(x) > len(points) * seeds_per_label})
     if clash:
         raise ConfigError("sweep", f"two variants are both labelled {clash[0]!r}; give the algorithms distinct labels",
                           source=source)
-    if len(jobs) > MAX_JOBS:
-        raise ConfigError("sweep", f"expands to {len(jobs)} runs, more than {MAX_JOBS}", source=source)
-    scenario = Scenario(name=name, source_file=source, spec=spec, topology=topology, jobs=jobs, faults=faults)
+    total = len(jobs) + sum(len(group.reported_seeds) for group in groups)
+    if total > MAX_JOBS:
+        raise ConfigError("sweep", f"expands to {total} runs, more than {MAX_JOBS}", source=source)
+    scenario = Scenario(name=name, source_file=source, spec=spec, topology=topology, jobs=jobs, faults=faults,
+                        tuning_groups=groups)
     if spec.sim.start_offsets_s:
         _check_start_offsets(scenario)
     return scenario
