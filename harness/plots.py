@@ -21,7 +21,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from .results import injection_failed
+from .results import injection_failed, seed_stats
 
 FIGSIZE_IN = (7.0, 4.5)
 WIDE_FIGSIZE_IN = (11.0, 4.5)   # two panels side by side
@@ -146,19 +146,18 @@ def _has(frame: pd.DataFrame, column: str) -> bool:
 
 
 def _with_seed_spread(frame: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
-    """Mean, min and max of `y` over seeds at each `x` (one row per x, sorted)."""
+    """Median, min and max of `y` over seeds at each `x` (one row per x, sorted): the same
+    statistics as the report's across-seeds table (harness/results.py `seed_stats`)."""
     clean = frame[[x, y]].dropna()
     if not len(clean):
-        return pd.DataFrame(columns=[x, "mean", "min", "max", "n"])
-    grouped = clean.groupby(x)[y]
-    out = pd.DataFrame({"mean": grouped.mean(), "min": grouped.min(), "max": grouped.max(),
-                        "n": grouped.count()}).reset_index()
-    return out.sort_values(x)
+        return pd.DataFrame(columns=[x, "median", "min", "max", "n"])
+    rows = [{x: value, **seed_stats(group[y])} for value, group in clean.groupby(x)]
+    return pd.DataFrame(rows, columns=[x, "median", "min", "max", "n"]).sort_values(x)
 
 
 def _plot_series(ax, frame: pd.DataFrame, x: str, y: str, styles: dict, *, skip_labels=(),
                  split: Optional[str] = None, split_format: str = "{:g}") -> int:
-    """One line per label (mean over seeds, min-max bars); returns how many x values there were.
+    """One line per label (the median over seeds, min-max bars); returns how many x values there were.
 
     When `split` (another sweep axis) takes several values, each (label, value) gets its own line,
     so points of different network settings are never averaged together.
@@ -181,14 +180,14 @@ def _plot_series(ax, frame: pd.DataFrame, x: str, y: str, styles: dict, *, skip_
             style = styles[label]
             linestyle = style["linestyle"] if value is None else _LINESTYLES[split_index % len(_LINESTYLES)]
             name = str(label) if value is None else f"{label}, {split_format.format(value)}"
-            ax.plot(stats[x], stats["mean"], label=name, color=style["color"], linestyle=linestyle,
+            ax.plot(stats[x], stats["median"], label=name, color=style["color"], linestyle=linestyle,
                     marker=style["marker"], markersize=7, linewidth=2,
                     alpha=1.0 if value is None else 1.0 - 0.5 * split_index / len(split_values))
             if (stats["n"] > 1).any():
-                # clip: the mean of equal values can round below their min (three seeds of a
-                # deterministic simulation give the same throughput), and errorbar refuses that
-                bars = ax.errorbar(stats[x], stats["mean"], yerr=[(stats["mean"] - stats["min"]).clip(lower=0),
-                                                                   (stats["max"] - stats["mean"]).clip(lower=0)],
+                # clip: kept from the mean this drew before (its rounding fell below the min of
+                # equal values); errorbar refuses a negative length
+                bars = ax.errorbar(stats[x], stats["median"], yerr=[(stats["median"] - stats["min"]).clip(lower=0),
+                                                                     (stats["max"] - stats["median"]).clip(lower=0)],
                                    fmt="none", ecolor=style["color"], alpha=0.5, capsize=3)
                 for cap in bars.lines[1]:
                     cap.set_gid(SPREAD_GID)
@@ -378,7 +377,7 @@ def speedup_vs_latency(summary: pd.DataFrame, *, title: str = "Speedup over sync
 
     Args:
         summary: summarize(...) rows; x is `mean_rtt_ms` when present (harness.report.network_axes
-            adds it from each point's plan), else `delay_scale`. Mean over seeds, min-max bars.
+            adds it from each point's plan), else `delay_scale`. Median over seeds, min-max bars.
     One line per non-sync label in each panel; the dashed line at 1 is sync.
     """
     figure, (time_ax, rate_ax) = _new_figure(2)
@@ -408,7 +407,7 @@ def speedup_vs_latency(summary: pd.DataFrame, *, title: str = "Speedup over sync
 
 def speedup_vs_nodes(summary: pd.DataFrame, *, title: str = "Speedup over sync vs node count") -> Figure:
     """SwarmSGD's scale plot: speedup over sync (time to target, and steps/s) against the number
-    of nodes (log 2 axis), one line per non-sync label, mean over seeds with min-max bars; the
+    of nodes (log 2 axis), one line per non-sync label, median over seeds with min-max bars; the
     dashed line at 1 is sync at the same node count."""
     figure, (time_ax, rate_ax) = _new_figure(2)
     styles = _styles(summary)
@@ -537,7 +536,7 @@ def compute_comm_ratio(steps: pd.DataFrame) -> pd.DataFrame:
 
 def _one_line_per_algorithm_across_workloads(frame: pd.DataFrame) -> pd.DataFrame:
     """Prepare the EA-wild figure's points: each (label, network, workload) at the median of its
-    seeds' ratios (seeds differ a little in x, and their speedups are then averaged with min-max
+    seeds' ratios (seeds differ a little in x, and their speedups then drawn as the median with min-max
     bars), and an algorithm whose labels are one per workload (eawild-light, eawild-heavy: the same
     algorithm with compute padded or not) drawn as one line named after the algorithm, across the
     ratio axis as in the paper's figure."""
