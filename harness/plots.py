@@ -481,7 +481,8 @@ _BYTE_UNITS = [(1e9, "GB"), (1e6, "MB"), (1e3, "kB"), (1.0, "B")]
 
 def accuracy_vs_bytes(summary: pd.DataFrame, *, title: str = "Final accuracy vs traffic per node") -> Figure:
     """Final accuracy against the bytes each node sent (log scale, in B/kB/MB/GB by magnitude):
-    one marker set per label, a marker per job."""
+    one marker set per label, a marker per network point (and workload) at the median of its seeds,
+    with min..max bars on both axes where there are several seeds."""
     figure, (ax,) = _new_figure(1)
     frame = summary.copy()
     sent = frame["bytes_sent_per_node"].astype(float) if len(frame) else pd.Series(dtype=float)
@@ -494,13 +495,25 @@ def accuracy_vs_bytes(summary: pd.DataFrame, *, title: str = "Final accuracy vs 
     styles = _styles(frame)
     drawn = 0
     for label in _label_order(frame):
-        rows = frame[frame["label"] == label][["sent_scaled", "final_accuracy"]].dropna().sort_values("sent_scaled")
-        if not len(rows):
+        keys = [k for k in ("network", "workload") if k in frame.columns]
+        jobs = frame[frame["label"] == label].dropna(subset=["sent_scaled", "final_accuracy"])
+        if not len(jobs):
             continue
+        groups = jobs.groupby(keys, dropna=False) if keys else [(None, jobs)]
+        points = pd.DataFrame([{**{f"x_{k}": v for k, v in seed_stats(g["sent_scaled"]).items()},
+                                **{f"y_{k}": v for k, v in seed_stats(g["final_accuracy"]).items()}}
+                               for _, g in groups]).sort_values("x_median")
         style = styles[label]
-        ax.plot(rows["sent_scaled"], rows["final_accuracy"], label=str(label), color=style["color"],
+        ax.plot(points["x_median"], points["y_median"], label=str(label), color=style["color"],
                 linestyle="none", marker=style["marker"], markersize=8, alpha=0.85)
-        drawn += len(rows)
+        if (points["y_n"] > 1).any():
+            bars = ax.errorbar(points["x_median"], points["y_median"],
+                               xerr=[points["x_median"] - points["x_min"], points["x_max"] - points["x_median"]],
+                               yerr=[points["y_median"] - points["y_min"], points["y_max"] - points["y_median"]],
+                               fmt="none", ecolor=style["color"], alpha=0.5, capsize=3)
+            for cap in bars.lines[1]:
+                cap.set_gid(SPREAD_GID)
+        drawn += len(jobs)
     ax.set_xlabel(f"bytes sent per node ({unit}, log scale)")
     ax.set_ylabel("final test accuracy (fraction)")
     if drawn:

@@ -259,10 +259,14 @@ def seeds_markdown(seeds: pd.DataFrame) -> list[str]:
     if not len(seeds):
         return []
     shown = [c for c in SEED_TABLE_COLUMNS if seeds[f"{c}_n"].fillna(0).astype(int).gt(0).any()]
-    header = "| label | network | seeds | " + " | ".join(c.replace("_", " ") for c in shown) + " |"
-    rule = "|---|---|---:|" + "---:|" * len(shown)
-    body = [f"| {row['label']} | {row['network']} | {row['seeds']} | "
-            + " | ".join(format_seed_cell(row, c) for c in shown) + " |" for row in seeds.to_dict("records")]
+    # a label on several workloads at one point (compute padded or not): the workload tells them apart
+    variants = "workload" in seeds and seeds.duplicated(["label", "network"]).any()
+    header = ("| label | network | " + ("workload | " if variants else "") + "seeds | "
+              + " | ".join(c.replace("_", " ") for c in shown) + " |")
+    rule = "|---|---|" + ("---|" if variants else "") + "---:|" + "---:|" * len(shown)
+    body = [f"| {_fmt(row['label'], 'label')} | {row['network']} | " + (f"{row['workload']} | " if variants else "")
+            + f"{row['seeds']} | " + " | ".join(format_seed_cell(row, c) for c in shown) + " |"
+            for row in seeds.to_dict("records")]
     few = seeds[seeds["few_seeds"]]
     if len(few) == len(seeds) and len(seeds) > 1:  # one line, not one per group
         counts = ", ".join(str(n) for n in sorted(few["seeds"].unique()))

@@ -113,3 +113,22 @@ def test_figures_draw_the_median_with_min_max_bars():
     assert list(line.get_ydata()) == [11.0]
     caps = [l for l in time_ax.get_lines() if l.get_gid() == plots.SPREAD_GID]
     assert sorted(float(y) for cap in caps for y in cap.get_ydata()) == [10.0, 30.0]
+
+
+def test_accuracy_vs_bytes_draws_one_marker_per_point_at_the_median_of_its_seeds():
+    rows = [{"label": "dts", "algorithm": "dts", "seed": seed, "network": "delay1", "workload": "w",
+             "bytes_sent_per_node": 1e6 * (1 + seed), "final_accuracy": accuracy}
+            for seed, accuracy in enumerate((0.90, 0.97, 0.92))]
+    figure = plots.accuracy_vs_bytes(pd.DataFrame(rows))
+    (ax,) = figure.axes
+    (line,) = plots.series_lines(ax)
+    assert list(line.get_xdata()) == [2.0] and list(line.get_ydata()) == [0.92]  # MB, the medians
+    caps = [l for l in ax.get_lines() if l.get_gid() == plots.SPREAD_GID]
+    ys = sorted(float(y) for cap in caps for y in cap.get_ydata())
+    assert min(ys) == pytest.approx(0.90) and max(ys) == pytest.approx(0.97)
+
+
+def test_the_report_table_names_the_workload_where_a_label_has_several():
+    rows = [row("eawild", s, workload=w, speedup_vs_sync=v) for s in (0, 1, 2) for w, v in (("light", 1.6), ("heavy", 0.9))]
+    text = "\n".join(seeds_markdown(across_seeds(pd.DataFrame(rows))))
+    assert "| eawild | delay1 | light | 3 | 1.6 |" in text and "| eawild | delay1 | heavy | 3 | 0.9 |" in text
