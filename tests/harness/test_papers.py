@@ -229,3 +229,17 @@ def test_the_table_row_format_is_what_results_md_prints():
     assert formatted({"format": "{:.0f}x"}, 106.4) == "106x"
     assert formatted({"format": "{:+.2f} pp", "scale": 100}, -0.0028) == "-0.28 pp"
     assert re.fullmatch(r"\d+", formatted({"format": "{:.0f}"}, 543.0))
+
+
+def test_the_command_writes_evidence_and_refuses_bad_input(tmp_path):
+    from tests.harness.test_report import FakeJob, write_run
+    from harness.cli import main
+    from harness.results import load_run, summarize, write_summary
+
+    run_dir = write_run(tmp_path / "runs", [FakeJob("sync", steps=20, evals={i: 0.5 + 0.03 * i for i in range(20)})])
+    write_summary(run_dir, summarize(load_run(run_dir)))
+    papers = tmp_path / "papers"
+    assert main(["evidence", str(run_dir), "--figure", "fig", "--out", str(papers), "--every", "4"]) == 0
+    assert len(JobDir(next((papers / "fig" / run_dir.name / "jobs").iterdir())).evals) < 20
+    assert main(["evidence", str(run_dir), "--figure", "fig", "--out", str(papers), "--every", "0"]) == 2
+    assert main(["evidence", str(tmp_path / "nowhere"), "--figure", "fig", "--out", str(papers)]) == 2
