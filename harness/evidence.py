@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -175,7 +174,7 @@ def write_evidence(run_dir, figure: str, papers_root: Path = PAPERS_ROOT, every:
         if syncs:
             (job_out / FIRST_SYNCS_FILE).write_text(_jsonl(syncs))
     env = run.environment
-    made = environment(argv=sys.argv)
+    made = environment()
     manifest = {
         "figure": figure,
         "run": f"{run.path.parent.name}/{run.path.name}",
@@ -189,7 +188,8 @@ def write_evidence(run_dir, figure: str, papers_root: Path = PAPERS_ROOT, every:
         "jobs": len(run.jobs), "evaluations": evals_total, "evaluations_kept": kept_total,
         "thinning": {"every": every, "rule": THINNING_RULE.format(every=every)},
         "evidence_made": {key: made.get(key) for key in ("date", "load_avg_1m", "git_commit", "git_dirty")},
-        "evidence_command": " ".join(shlex.quote(a) for a in sys.argv),
+        "evidence_command": " ".join(shlex.quote(a) for a in ["wanbench", "evidence", str(run_dir), "--figure", figure,
+                                                              "--every", str(every)]),
         "note": note,
     }
     write_text_atomic(out / "MANIFEST.json", json.dumps(manifest, indent=2, sort_keys=True) + "\n")
