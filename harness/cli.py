@@ -1,4 +1,4 @@
-"""The `wanbench` command: up, down, exec, verify, run, report, regress, shape, unshape, launch, status, clean.
+"""The `wanbench` command: up, down, exec, verify, run, report, evidence, regress, shape, unshape, launch, status, clean.
 
 Input files are validated before anything privileged happens; a bad file is one line on stderr
 naming the file and field, exit code 2. A system problem (not root, no TUN, no netem) is one line
@@ -353,6 +353,19 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_evidence(args) -> int:
+    from .evidence import PAPERS_ROOT, write_evidence
+    from .report import check_run_dir
+
+    run_dir = check_run_dir(args.run_dir)
+    if args.every < 1:
+        raise ConfigError("", f"must be >= 1, got {args.every}", source="--every")
+    made = write_evidence(run_dir, args.figure, Path(args.out) if args.out else PAPERS_ROOT, every=args.every,
+                          command=args.run_command, note=args.note or "")
+    stderr_console().print(f"evidence: {made.folder} ({made.jobs} jobs, {made.bytes / 1e3:.0f} kB)")
+    return 0
+
+
 def cmd_regress(args) -> int:
     from .regress import BASELINES, CI_SCENARIOS, regress
 
@@ -430,6 +443,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", help="output folder (default RUN_DIR/report for one run, "
                                                 "else results/reports/<time>)")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("evidence", help="copy a run's summary, scenario, job.json and thinned eval.jsonl files "
+                                        "to results/papers/<figure>/<run-id>/ (a headline's committed evidence)")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="results/runs/<scenario>/<run-id> (complete)")
+    p.add_argument("--figure", required=True, metavar="NAME", help="the headline's folder under results/papers/")
+    p.add_argument("--out", metavar="DIR", help="papers folder (default results/papers)")
+    p.add_argument("--every", type=int, default=10, metavar="K",
+                   help="keep every K-th evaluation, plus those the summary's numbers need (default 10)")
+    p.add_argument("--run-command", metavar="CMD", help="the command that made the run, for the manifest")
+    p.add_argument("--note", help="a sentence for the README (what was reduced, the machine's load)")
+    p.set_defaults(func=cmd_evidence)
 
     p = sub.add_parser("regress", help="run scenarios/ci/*.yaml and compare with results/baselines/ (exit 1 on regression)")
     p.add_argument("--scenarios", metavar="DIR", help="scenario folder (default scenarios/ci)")

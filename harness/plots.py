@@ -21,7 +21,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from .results import injection_failed
+from .results import injection_failed, seed_stats
 
 FIGSIZE_IN = (7.0, 4.5)
 WIDE_FIGSIZE_IN = (11.0, 4.5)   # two panels side by side
@@ -146,19 +146,18 @@ def _has(frame: pd.DataFrame, column: str) -> bool:
 
 
 def _with_seed_spread(frame: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
-    """Mean, min and max of `y` over seeds at each `x` (one row per x, sorted)."""
+    """Median, min and max of `y` over seeds at each `x` (one row per x, sorted): the same
+    statistics as the report's across-seeds table (harness/results.py `seed_stats`)."""
     clean = frame[[x, y]].dropna()
     if not len(clean):
-        return pd.DataFrame(columns=[x, "mean", "min", "max", "n"])
-    grouped = clean.groupby(x)[y]
-    out = pd.DataFrame({"mean": grouped.mean(), "min": grouped.min(), "max": grouped.max(),
-                        "n": grouped.count()}).reset_index()
-    return out.sort_values(x)
+        return pd.DataFrame(columns=[x, "median", "min", "max", "n"])
+    rows = [{x: value, **seed_stats(group[y])} for value, group in clean.groupby(x)]
+    return pd.DataFrame(rows, columns=[x, "median", "min", "max", "n"]).sort_values(x)
 
 
 def _plot_series(ax, frame: pd.DataFrame, x: str, y: str, styles: dict, *, skip_labels=(),
                  split: Optional[str] = None, split_format: str = "{:g}") -> int:
-    """One line per label (mean over seeds, min-max bars); returns how many x values there were.
+    """One line per label (the median over seeds, min-max bars); returns how many x values there were.
 
     When `split` (another sweep axis) takes several values, each (label, value) gets its own line,
     so points of different network settings are never averaged together.
@@ -181,14 +180,14 @@ def _plot_series(ax, frame: pd.DataFrame, x: str, y: str, styles: dict, *, skip_
             style = styles[label]
             linestyle = style["linestyle"] if value is None else _LINESTYLES[split_index % len(_LINESTYLES)]
             name = str(label) if value is None else f"{label}, {split_format.format(value)}"
-            ax.plot(stats[x], stats["mean"], label=name, color=style["color"], linestyle=linestyle,
+            ax.plot(stats[x], stats["median"], label=name, color=style["color"], linestyle=linestyle,
                     marker=style["marker"], markersize=7, linewidth=2,
                     alpha=1.0 if value is None else 1.0 - 0.5 * split_index / len(split_values))
             if (stats["n"] > 1).any():
-                # clip: the mean of equal values can round below their min (three seeds of a
-                # deterministic simulation give the same throughput), and errorbar refuses that
-                bars = ax.errorbar(stats[x], stats["mean"], yerr=[(stats["mean"] - stats["min"]).clip(lower=0),
-                                                                   (stats["max"] - stats["mean"]).clip(lower=0)],
+                # clip: kept from the mean this drew before (its rounding fell below the min of
+                # equal values); errorbar refuses a negative length
+                bars = ax.errorbar(stats[x], stats["median"], yerr=[(stats["median"] - stats["min"]).clip(lower=0),
+                                                                     (stats["max"] - stats["median"]).clip(lower=0)],
                                    fmt="none", ecolor=style["color"], alpha=0.5, capsize=3)
                 for cap in bars.lines[1]:
                     cap.set_gid(SPREAD_GID)
@@ -378,7 +377,7 @@ def speedup_vs_latency(summary: pd.DataFrame, *, title: str = "Speedup over sync
 
     Args:
         summary: summarize(...) rows; x is `mean_rtt_ms` when present (harness.report.network_axes
-            adds it from each point's plan), else `delay_scale`. Mean over seeds, min-max bars.
+            adds it from each point's plan), else `delay_scale`. Median over seeds, min-max bars.
     One line per non-sync label in each panel; the dashed line at 1 is sync.
     """
     figure, (time_ax, rate_ax) = _new_figure(2)
@@ -408,7 +407,7 @@ def speedup_vs_latency(summary: pd.DataFrame, *, title: str = "Speedup over sync
 
 def speedup_vs_nodes(summary: pd.DataFrame, *, title: str = "Speedup over sync vs node count") -> Figure:
     """SwarmSGD's scale plot: speedup over sync (time to target, and steps/s) against the number
-    of nodes (log 2 axis), one line per non-sync label, mean over seeds with min-max bars; the
+    of nodes (log 2 axis), one line per non-sync label, median over seeds with min-max bars; the
     dashed line at 1 is sync at the same node count."""
     figure, (time_ax, rate_ax) = _new_figure(2)
     styles = _styles(summary)
@@ -482,7 +481,8 @@ _BYTE_UNITS = [(1e9, "GB"), (1e6, "MB"), (1e3, "kB"), (1.0, "B")]
 
 def accuracy_vs_bytes(summary: pd.DataFrame, *, title: str = "Final accuracy vs traffic per node") -> Figure:
     """Final accuracy against the bytes each node sent (log scale, in B/kB/MB/GB by magnitude):
-    one marker set per label, a marker per job."""
+    one marker set per label, a marker per network point (and workload) at the median of its seeds,
+    with min..max bars on both axes where there are several seeds."""
     figure, (ax,) = _new_figure(1)
     frame = summary.copy()
     sent = frame["bytes_sent_per_node"].astype(float) if len(frame) else pd.Series(dtype=float)
@@ -495,13 +495,25 @@ def accuracy_vs_bytes(summary: pd.DataFrame, *, title: str = "Final accuracy vs 
     styles = _styles(frame)
     drawn = 0
     for label in _label_order(frame):
-        rows = frame[frame["label"] == label][["sent_scaled", "final_accuracy"]].dropna().sort_values("sent_scaled")
-        if not len(rows):
+        keys = [k for k in ("network", "workload") if k in frame.columns]
+        jobs = frame[frame["label"] == label].dropna(subset=["sent_scaled", "final_accuracy"])
+        if not len(jobs):
             continue
+        groups = jobs.groupby(keys, dropna=False) if keys else [(None, jobs)]
+        points = pd.DataFrame([{**{f"x_{k}": v for k, v in seed_stats(g["sent_scaled"]).items()},
+                                **{f"y_{k}": v for k, v in seed_stats(g["final_accuracy"]).items()}}
+                               for _, g in groups]).sort_values("x_median")
         style = styles[label]
-        ax.plot(rows["sent_scaled"], rows["final_accuracy"], label=str(label), color=style["color"],
+        ax.plot(points["x_median"], points["y_median"], label=str(label), color=style["color"],
                 linestyle="none", marker=style["marker"], markersize=8, alpha=0.85)
-        drawn += len(rows)
+        if (points["y_n"] > 1).any():
+            bars = ax.errorbar(points["x_median"], points["y_median"],
+                               xerr=[points["x_median"] - points["x_min"], points["x_max"] - points["x_median"]],
+                               yerr=[points["y_median"] - points["y_min"], points["y_max"] - points["y_median"]],
+                               fmt="none", ecolor=style["color"], alpha=0.5, capsize=3)
+            for cap in bars.lines[1]:
+                cap.set_gid(SPREAD_GID)
+        drawn += len(jobs)
     ax.set_xlabel(f"bytes sent per node ({unit}, log scale)")
     ax.set_ylabel("final test accuracy (fraction)")
     if drawn:
@@ -537,7 +549,7 @@ def compute_comm_ratio(steps: pd.DataFrame) -> pd.DataFrame:
 
 def _one_line_per_algorithm_across_workloads(frame: pd.DataFrame) -> pd.DataFrame:
     """Prepare the EA-wild figure's points: each (label, network, workload) at the median of its
-    seeds' ratios (seeds differ a little in x, and their speedups are then averaged with min-max
+    seeds' ratios (seeds differ a little in x, and their speedups then drawn as the median with min-max
     bars), and an algorithm whose labels are one per workload (eawild-light, eawild-heavy: the same
     algorithm with compute padded or not) drawn as one line named after the algorithm, across the
     ratio axis as in the paper's figure."""

@@ -24,8 +24,9 @@ from emulator.schema import ConfigError
 from . import plots
 from .paths import REPORTS_ROOT
 from . import byo
-from .results import (BYTE_COLUMNS, FAULT_COLUMNS, HEADLINE_COLUMNS, METRICS, SUMMARY_COLUMNS, RunFrames,
-                      format_bytes, independent_training, injection_failed, run_frames, summarize)
+from .results import (BYTE_COLUMNS, FAULT_COLUMNS, HEADLINE_COLUMNS, METRICS, MIN_SEEDS, SEED_COLUMNS,
+                      SUMMARY_COLUMNS, RunFrames, across_seeds, format_bytes, format_seed_cell,
+                      independent_training, injection_failed, run_frames, summarize)
 from .budget import EqualBudget
 from .rundir import RunDir
 from .tuning import RULE_KEYS, is_tuning
@@ -37,6 +38,13 @@ FIGURE_FORMATS = ("png", "svg")
 FAULT_CSV_COLUMNS = ["run", "run_complete", *FAULT_COLUMNS]
 # In report.md, one job's ok trace rows of a link beyond this many are shown as one line.
 TRACE_ROWS_LISTED = 3
+# The across-seeds table of report.md (across_seeds.csv has every SEED_COLUMNS aggregate).
+SEED_TABLE_COLUMNS = ["time_to_target_s", "speedup_vs_sync", "throughput_speedup_vs_sync", "steps_per_s",
+                      "accuracy_delta_vs_sync", "first_sync_step", "syncs_before_target"]
+SEEDS_INTRO = (f"Each cell: median [min..max] over the seeds of one label at one network point, "
+               f"(n=k) where only k seeds have a value; ratios and deltas against sync are taken per "
+               f"seed against the sync job of the same seed, then aggregated. A headline needs "
+               f"{MIN_SEEDS} seeds or more. Every aggregate is in `across_seeds.csv`.")
 
 
 @dataclass
@@ -67,6 +75,12 @@ class Results:
     steps: pd.DataFrame
     evals: pd.DataFrame
     faults: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=FAULT_CSV_COLUMNS))
+
+    @property
+    def seeds(self) -> pd.DataFrame:
+        """The summary aggregated over seeds (results.across_seeds), one row per run, network
+        point, label and workload."""
+        return across_seeds(self.summary)
 
     @property
     def incomplete(self) -> list[RunInfo]:
@@ -256,6 +270,34 @@ def mark_independent_training(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[st
     return shown, lines
 
 
+def seeds_markdown(seeds: pd.DataFrame) -> list[str]:
+    """The across-seeds table of one run's aggregated rows (across_seeds), and one line per group
+    with fewer than MIN_SEEDS seeds."""
+    if not len(seeds):
+        return []
+    shown = [c for c in SEED_TABLE_COLUMNS if seeds[f"{c}_n"].fillna(0).astype(int).gt(0).any()]
+    # a label on several workloads at one point (compute padded or not): the workload tells them apart
+    variants = "workload" in seeds and seeds.duplicated(["label", "network"]).any()
+    header = ("| label | network | " + ("workload | " if variants else "") + "seeds | "
+              + " | ".join(c.replace("_", " ") for c in shown) + " |")
+    rule = "|---|---|" + ("---|" if variants else "") + "---:|" + "---:|" * len(shown)
+    body = [f"| {_fmt(row['label'], 'label')} | {row['network']} | " + (f"{row['workload']} | " if variants else "")
+            + f"{row['seeds']} | " + " | ".join(format_seed_cell(row, c) for c in shown) + " |"
+            for row in seeds.to_dict("records")]
+    few = seeds[seeds["few_seeds"]]
+    if len(few) == len(seeds) and len(seeds) > 1:  # one line, not one per group
+        counts = ", ".join(str(n) for n in sorted(few["seeds"].unique()))
+        notes = [f"- **every row has fewer than {MIN_SEEDS} seeds** ({counts}): no row is a headline"]
+    else:
+        notes = [f"- `{row['label']}` at {row['network']}: **{row['seeds']} seed(s)** (seeds "
+                 f"{row['seed_list'] or '?'}), fewer than {MIN_SEEDS}: not a headline" for row in few.to_dict("records")]
+    independent = seeds[seeds["independent_seeds"] > 0]
+    notes += [f"- `{row['label']}` at {row['network']}: {row['independent_seeds']} of {row['seeds']} seed(s) "
+              f"reached the target before any synchronisation (independent training)"
+              for row in independent.to_dict("records")]
+    return ["#### Across seeds", "", SEEDS_INTRO, "", header, rule, *body, "", *notes, *([""] if notes else [])]
+
+
 def incomplete_message(run: RunInfo) -> str:
     why = (f"it was interrupted ({run.interrupted})" if run.interrupted
            else "it crashed, was killed or is still running")
@@ -350,6 +392,7 @@ class ReportOutcome:
     faults_csv: Optional[Path] = None                    # every run's fault events (header only if none)
     run_faults_csvs: list[Path] = field(default_factory=list)
     results: Optional[Results] = None                    # what was reported (the tables written)
+    seeds_csv: Optional[Path] = None                     # across_seeds.csv
 
 
 def _comparison_figures(results: Results) -> tuple[dict, dict]:
@@ -528,6 +571,7 @@ def _environment_lines(run: RunInfo) -> str:
 @dataclass
 class ReportCsvs:
     combined: Path               # summary.csv of every run
+    seeds: Path                  # across_seeds.csv: the summary aggregated over seeds (every run)
     faults: Path                 # faults.csv of every run (header only if none)
     runs: list[Path]             # runs/<run>/summary.csv
     run_faults: list[Path]       # runs/<run>/faults.csv
@@ -546,6 +590,8 @@ def write_csvs(results: Results, out: Path) -> ReportCsvs:
     """summary.csv and faults.csv of every run under `out`, and each run's own under runs/<run>/."""
     combined_csv = out / "summary.csv"
     results.summary.to_csv(combined_csv, index=False)
+    seeds_csv = out / "across_seeds.csv"
+    results.seeds.to_csv(seeds_csv, index=False)
     faults_csv = out / "faults.csv"
     results.faults.to_csv(faults_csv, index=False)
     run_csvs, run_faults_csvs = [], []
@@ -558,7 +604,7 @@ def write_csvs(results: Results, out: Path) -> ReportCsvs:
         path = run_out / "faults.csv"
         results.faults[results.faults["run"] == run.name].to_csv(path, index=False)
         run_faults_csvs.append(path)
-    return ReportCsvs(combined_csv, faults_csv, run_csvs, run_faults_csvs)
+    return ReportCsvs(combined_csv, seeds_csv, faults_csv, run_csvs, run_faults_csvs)
 
 
 def write_figures(results: Results, figures_dir: Path) -> ReportFigures:
@@ -616,6 +662,7 @@ def report_markdown(results: Results, figures: ReportFigures, out: Path) -> str:
             lines += [*independent, ""]
         if len(rows):
             lines += [*data_source_lines(rows), ""]
+        lines += seeds_markdown(across_seeds(rows))
         missed = budget_lines(rows)
         if missed:
             lines += [*missed, ""]
@@ -670,7 +717,7 @@ def write_report(run_dirs: Iterable, out_dir, loaded: Optional[dict] = None,
     markdown = out / "report.md"
     markdown.write_text(report_markdown(results, figures, out))
     return ReportOutcome(out, markdown, csvs.combined, csvs.runs, figures.written, results.incomplete,
-                         figures.skipped, csvs.faults, csvs.run_faults, results)
+                         figures.skipped, csvs.faults, csvs.run_faults, results, csvs.seeds)
 
 
 def default_out_dir(run_dirs: list) -> Path:

@@ -801,3 +801,76 @@ def summary_table(table: pd.DataFrame, title: str):
     for row in table.to_dict("records"):
         out.add_row(*(fmt(row.get(c), c) for c in shown))
     return out
+
+
+# --- across seeds (issue 21 §10) ---------------------------------------------------------------------
+
+# The headline columns aggregated over seeds. The ratios against sync (speedup_vs_sync,
+# throughput_speedup_vs_sync) and accuracy_delta_vs_sync are each seed's own, against the sync job
+# of the same seed (sync_reference), and are aggregated as they stand: the median of the per-seed
+# ratios, never the ratio of two medians.
+SEED_COLUMNS = ("time_to_target_s", "speedup_vs_sync", "throughput_speedup_vs_sync", "steps_per_s",
+                "accuracy_delta_vs_sync", "final_accuracy", "first_sync_step", "syncs_before_target")
+# One group: a network point, an algorithm's label and its workload (a variant of the same label:
+# compute padded or not; a tuned lr), in one run where summaries of several runs are combined.
+SEED_GROUP_KEYS = ("run", "network", "label", "workload")
+# A headline needs this many seeds (issue 21 §10); fewer is said next to it.
+MIN_SEEDS = 3
+SEED_STATS = ("n", "median", "min", "max")
+
+
+def seed_stats(values) -> dict:
+    """n, median, min and max of the non-empty `values` (one per seed); n 0 and the rest None when
+    none has a value."""
+    clean = pd.to_numeric(pd.Series(list(values), dtype=object), errors="coerce").dropna()
+    if not len(clean):
+        return {"n": 0, "median": None, "min": None, "max": None}
+    return {"n": int(len(clean)), "median": float(clean.median()), "min": float(clean.min()),
+            "max": float(clean.max())}
+
+
+def across_seeds(summary: pd.DataFrame, columns=SEED_COLUMNS, min_seeds: int = MIN_SEEDS) -> pd.DataFrame:
+    """One row per (run, network point, label, workload) of summary rows (`summarize`; a report's
+    combined summary), aggregated over its seeds: `seeds` (how many jobs, whatever their status),
+    `seed_list`, `few_seeds` (True when seeds < min_seeds), `independent_seeds` (seeds whose target
+    was reached before any synchronisation: `independent_training`), and for each of `columns`
+    `<column>_n` (seeds with a value), `_median`, `_min`, `_max`. Group keys absent from `summary`
+    are left out. Rows keep the summary's order of first appearance."""
+    keys = [key for key in SEED_GROUP_KEYS if key in summary.columns]
+    stat_columns = [f"{column}_{stat}" for column in columns for stat in SEED_STATS]
+    out_columns = [*keys, "algorithm", "seeds", "seed_list", "few_seeds", "independent_seeds", *stat_columns]
+    if not len(summary):
+        return pd.DataFrame(columns=out_columns)
+    rows = []
+    for group_key, group in summary.groupby(keys, sort=False, dropna=False):
+        group_key = group_key if isinstance(group_key, tuple) else (group_key,)
+        row = dict(zip(keys, group_key))
+        row["algorithm"] = group["algorithm"].iloc[0] if "algorithm" in group else None
+        seeds = sorted(group["seed"].dropna().unique().tolist()) if "seed" in group else []
+        row["seeds"] = int(len(group))
+        row["seed_list"] = " ".join(str(int(s)) if float(s).is_integer() else str(s) for s in seeds)
+        row["few_seeds"] = row["seeds"] < min_seeds
+        row["independent_seeds"] = int(sum(independent_training(r) for r in group.to_dict("records")))
+        for column in columns:
+            stats = seed_stats(group[column] if column in group else [])
+            row.update({f"{column}_{stat}": value for stat, value in stats.items()})
+        rows.append(row)
+    return pd.DataFrame(rows, columns=out_columns)
+
+
+def format_seed_cell(row, column: str, digits: int = 3) -> str:
+    """`median [min..max] (n)` of one aggregated column (across_seeds), "-" without a value;
+    n only where it differs from the group's seeds."""
+    n = row.get(f"{column}_n")
+    if not n or pd.isna(n):
+        return "-"
+
+    def number(value) -> str:
+        return f"{value:.{digits}g}" if abs(value) < 10 ** digits else f"{value:.0f}"
+
+    text = number(row[f"{column}_median"])
+    if row[f"{column}_min"] != row[f"{column}_max"]:
+        text += f" [{number(row[f'{column}_min'])}..{number(row[f'{column}_max'])}]"
+    if int(n) != int(row.get("seeds") or n):
+        text += f" (n={int(n)})"
+    return text

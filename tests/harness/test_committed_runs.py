@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from harness.evidence import PAPERS_ROOT
 from harness.paths import RUNS_ROOT
 from harness.report import find_run_dirs, write_report
 from harness.results import load_run, summarize
@@ -26,8 +27,10 @@ ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parent / "golden"
 UPDATE = os.environ.get("WANBENCH_UPDATE_GOLDEN") == "1"
 # Committed runs only: results/runs/ is run output (git-ignored; `wanbench regress` writes there
-# before the tests in CI, a user's runs land there too).
-RUNS = [run.relative_to(ROOT) for run in find_run_dirs(ROOT / "results") if not run.is_relative_to(RUNS_ROOT)]
+# before the tests in CI, a user's runs land there too). results/papers/ holds evidence, not runs
+# (thinned evaluations, no rank records: tests/harness/test_papers.py checks it).
+RUNS = [run.relative_to(ROOT) for run in find_run_dirs(ROOT / "results")
+        if not run.is_relative_to(RUNS_ROOT) and not run.is_relative_to(PAPERS_ROOT)]
 # Computed the same way since the examples were run (time to target, training time and the
 # ratios built on them have been refined since: see the golden files for today's values).
 STABLE_COLUMNS = ["network", "delay_scale", "rate", "nodes", "algorithm", "label", "seed", "status",

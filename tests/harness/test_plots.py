@@ -114,7 +114,7 @@ def test_async_vs_sync(sweep):
 
 def test_async_vs_sync_draws_one_algorithm_across_its_workloads(tmp_path):
     """sync and eawild each on a light and a compute-padded workload, two seeds: one eawild line
-    from the light workload's ratio (1.5x faster) to the heavy one's (0.5x), each point the mean
+    from the light workload's ratio (1.5x faster) to the heavy one's (0.5x), each point the median
     of its seeds at their median ratio."""
     light, heavy = {"lr": 0.05}, {"lr": 0.05, "min_compute_s": 0.05}
     jobs = []

@@ -1,0 +1,246 @@
+"""docs/RESULTS.md's paper table against its committed evidence (issue 21 §11).
+
+results/papers/table.yaml is the table in machine-readable form: per paper row, its status, the
+evidence folder (results/papers/<figure>/<run-id>/, written by `wanbench evidence`) and, for every
+number the row quotes, the summary column, network point, label and seed statistic it is. These
+tests recompute each number from the committed summary.csv with the report's own aggregate
+(harness/results.py `across_seeds`), check that the markdown row quotes the same text, that rows
+not re-measured say so, and that each evidence folder's summary still follows from its thinned
+eval.jsonl files (harness/evidence.py `thin_evals`), so text, table and evidence cannot drift.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from harness.evidence import FIRST_SYNCS_FILE, PAPERS_ROOT, evidence_size, thin_evals, write_evidence
+from harness.results import MIN_SEEDS, accuracy_at, across_seeds, time_to_target
+from harness.rundir import JobDir
+from emulator.schema import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+TABLE = PAPERS_ROOT / "table.yaml"
+RESULTS_MD = ROOT / "docs" / "RESULTS.md"
+STATUSES = ("re-measured", "not re-measured")
+EVIDENCE_DIRS = sorted(p.parent for p in PAPERS_ROOT.glob("*/*/summary.csv"))
+MAX_TOTAL_BYTES = 5_000_000
+MAX_JOB_BYTES = 50_000
+
+
+def table_rows() -> list[dict]:
+    return yaml.safe_load(TABLE.read_text())["rows"]
+
+
+def results_table_row(paper: str) -> str:
+    """The line of RESULTS section 3's paper table whose first cell is `paper`."""
+    section = RESULTS_MD.read_text().split("\n## 3. ", 1)[1].split("\n## 4. ", 1)[0]
+    lines = [line for line in section.splitlines() if line.startswith(f"| {paper} |")]
+    assert len(lines) == 1, f"RESULTS section 3 has {len(lines)} table rows for {paper}"
+    return lines[0]
+
+
+def number_value(number: dict, seeds: pd.DataFrame) -> float:
+    chosen = seeds[(seeds["network"] == number["network"]) & (seeds["label"] == number["label"])]
+    assert len(chosen) == 1, f"{number['label']} at {number['network']}: {len(chosen)} aggregated rows"
+    group = chosen.iloc[0]
+    if number["stat"] in ("seeds", "independent_seeds"):
+        return group[number["stat"]]
+    assert group["seeds"] >= MIN_SEEDS, f"{number['label']} at {number['network']}: {group['seeds']} seeds"
+    return group[f"{number['column']}_{number['stat']}"]
+
+
+def formatted(number: dict, value) -> str:
+    return number["format"].format(value * number.get("scale", 1))
+
+
+def test_the_table_lists_the_four_papers_with_a_status():
+    rows = table_rows()
+    assert [row["paper"] for row in rows] == ["DTS", "P3", "EA-wild", "SwarmSGD"]
+    assert all(row["status"] in STATUSES for row in rows)
+
+
+@pytest.mark.parametrize("row", table_rows(), ids=lambda row: row["paper"])
+def test_each_number_is_recomputed_from_its_evidence(row):
+    if row["status"] != "re-measured":
+        assert not row.get("numbers"), "a row not re-measured quotes no number as evidence-backed"
+        return
+    assert row["numbers"]
+    for number in row["numbers"]:
+        folder = PAPERS_ROOT / number.get("evidence", row["evidence"])  # a number may come from another run
+        assert (folder / "summary.csv").is_file(), f"no evidence at {folder}"
+        seeds = across_seeds(pd.read_csv(folder / "summary.csv"))
+        assert formatted(number, number_value(number, seeds)) == number["text"], number
+
+
+@pytest.mark.parametrize("row", table_rows(), ids=lambda row: row["paper"])
+def test_the_markdown_row_quotes_the_same_numbers(row):
+    line = results_table_row(row["paper"])
+    if row["status"] == "not re-measured":
+        assert "not re-measured" in line, f"RESULTS' {row['paper']} row must say it is not re-measured"
+        return
+    assert "not re-measured" not in line
+    for number in row["numbers"]:
+        assert number["text"] in line, f"RESULTS' {row['paper']} row does not quote {number['text']!r}"
+    for evidence in {row["evidence"], *(n["evidence"] for n in row["numbers"] if "evidence" in n)}:
+        assert f"results/papers/{evidence}" in line, f"RESULTS' {row['paper']} row does not name {evidence}"
+
+
+def test_evidence_stays_small():
+    assert evidence_size() < MAX_TOTAL_BYTES
+    for job in PAPERS_ROOT.glob("*/*/jobs/*"):
+        assert sum(p.stat().st_size for p in job.iterdir()) < MAX_JOB_BYTES, job
+
+
+@pytest.mark.parametrize("folder", EVIDENCE_DIRS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_the_summary_follows_from_the_committed_evals(folder):
+    """Every eval-derived column of the evidence's summary.csv, recomputed from its thinned
+    eval.jsonl; the ratios against sync from the recomputed times; first_sync_step from the
+    first synchronisation records."""
+    scenario = json.loads((folder / "scenario.json").read_text())
+    stop = scenario["spec"]["stop"]
+    summary = pd.read_csv(folder / "summary.csv")
+    jobs = [JobDir(path) for path in sorted((folder / "jobs").iterdir())]
+    assert len(jobs) == len(summary)
+    times = {}
+    for job in jobs:
+        info = job.info
+        match = summary[(summary["network"] == job.network_key) & (summary["label"] == info["label"])
+                        & (summary["seed"] == info["seed"])]
+        assert len(match) == 1, job.path
+        expected = match.iloc[0]
+        evals = pd.DataFrame(job.evals).sort_values("step")
+        assert float(evals["accuracy"].iloc[-1]) == pytest.approx(expected["final_accuracy"])
+        assert float(evals["accuracy"].max()) == pytest.approx(expected["best_accuracy"])
+        at_budget = accuracy_at(evals, evals["step"] + 1, stop.get("budget_steps"))
+        if pd.isna(expected["accuracy_at_step_budget"]):
+            assert at_budget is None
+        else:
+            assert at_budget == pytest.approx(expected["accuracy_at_step_budget"])
+        reached = time_to_target(evals, stop["target_accuracy"])
+        if pd.isna(expected["time_to_target_s"]):
+            assert reached is None
+        else:
+            assert reached + expected["output_sync_s"] == pytest.approx(expected["time_to_target_s"], rel=1e-9)
+        times[(job.network_key, info["label"], info["seed"])] = expected["time_to_target_s"]
+        syncs = job.path / FIRST_SYNCS_FILE
+        if pd.notna(expected["first_sync_step"]):
+            steps = [json.loads(line)["step"] for line in syncs.read_text().splitlines()]
+            assert int(expected["first_sync_step"]) == min(steps)
+        else:
+            assert not syncs.exists()
+    for (network, label, seed), time_s in times.items():
+        sync_time = times.get((network, "sync", seed))
+        expected = summary[(summary["network"] == network) & (summary["label"] == label) & (summary["seed"] == seed)]
+        speedup = expected["speedup_vs_sync"].iloc[0]
+        if pd.notna(time_s) and sync_time is not None and pd.notna(sync_time):
+            assert speedup == pytest.approx(sync_time / time_s, rel=1e-9)
+        else:
+            assert pd.isna(speedup)
+
+
+# --- the thinning rule and the command, on made-up records ---------------------------------------------
+
+
+def made_up_evals(count=240, cross_at=47, seed=0):
+    """Accuracy rising with noise, crossing 0.95 first at index `cross_at`, falling back after."""
+    import random
+
+    rng = random.Random(seed)
+    records = []
+    for index in range(count):
+        accuracy = min(0.94, 0.3 + index * 0.013) if index < cross_at else 0.95 + 0.04 * rng.random()
+        if index == cross_at + 5:
+            accuracy = 0.93  # dips under the target again: the first crossing must stay the first
+        records.append({"kind": "eval", "step": 10 * index + 9, "accuracy": accuracy, "loss": 1 - accuracy,
+                        "train_time_s": 0.7 * (index + 1) + 0.01 * rng.random()})
+    rng.shuffle(records)  # the rule sorts by step
+    return records
+
+
+@pytest.mark.parametrize("every", [1, 7, 10, 1000])
+def test_thinning_keeps_every_number_the_summary_derives(every):
+    records = made_up_evals()
+    kept = thin_evals(records, every, target_accuracy=0.95, target_loss=0.05, budget_steps=1205, budget_time_s=33.3)
+    full, thin = pd.DataFrame(records).sort_values("step"), pd.DataFrame(kept)
+    assert list(thin["step"]) == sorted(thin["step"])
+    assert len(kept) <= len(records) and (every == 1 or len(kept) < len(records) / 2 or every > len(records))
+    assert time_to_target(thin, 0.95) == time_to_target(full, 0.95)
+    for budget, column in ((1205, None), (33.3, "train_time_s")):
+        progress_full = full["step"] + 1 if column is None else full[column]
+        progress_thin = thin["step"] + 1 if column is None else thin[column]
+        assert accuracy_at(thin, progress_thin, budget) == accuracy_at(full, progress_full, budget)
+    assert thin["accuracy"].iloc[-1] == full["accuracy"].iloc[-1]
+    assert thin["accuracy"].max() == full["accuracy"].max()
+    from harness.results import time_to_loss_target
+    assert time_to_loss_target(thin, 0.05) == time_to_loss_target(full, 0.05)
+
+
+def test_thinning_without_the_rule_would_move_time_to_target():
+    """The control: every 10th evaluation alone loses the crossing pair and changes the number."""
+    records = made_up_evals()
+    full = pd.DataFrame(records).sort_values("step")
+    naive = full.iloc[::10]
+    assert time_to_target(naive, 0.95) != time_to_target(full, 0.95)
+
+
+def test_write_evidence_copies_a_run(tmp_path):
+    from tests.harness.test_report import FakeJob, write_run
+    from harness.results import load_run, summarize, write_summary
+
+    jobs = [FakeJob("sync", seed=s, steps=40, step_time_s=1.0, evals={i: 0.5 + 0.012 * i for i in range(0, 40, 2)})
+            for s in (0, 1, 2)]
+    run_dir = write_run(tmp_path / "runs", jobs, target_accuracy=0.9)
+    write_summary(run_dir, summarize(load_run(run_dir)))
+    made = write_evidence(run_dir, "fig-1", tmp_path / "papers", every=5, command="wanbench run x.yaml",
+                          note="reduced")
+    assert made.folder == tmp_path / "papers" / "fig-1" / run_dir.name and made.jobs == 3
+    for name in ("summary.csv", "scenario.json", "environment.json", "across_seeds.csv", "MANIFEST.json", "README.md"):
+        assert (made.folder / name).is_file(), name
+    job_folders = sorted((made.folder / "jobs").iterdir())
+    assert len(job_folders) == 3 and all((j / "job.json").is_file() and (j / "eval.jsonl").is_file() for j in job_folders)
+    full = jobs[0].evals  # written in-band, as runs before the evaluator did: copied as eval.jsonl
+    thin = JobDir(job_folders[0]).evals
+    assert 0 < len(thin) < len(full) and {r["step"] for r in thin} <= set(full)
+    manifest = json.loads((made.folder / "MANIFEST.json").read_text())
+    assert manifest["run_command"] == "wanbench run x.yaml" and manifest["thinning"]["every"] == 5
+    assert manifest["evaluations"] == 3 * len(full) and "reduced" in (made.folder / "README.md").read_text()
+    seeds = pd.read_csv(made.folder / "across_seeds.csv")
+    assert seeds["seeds"].tolist() == [3]
+
+
+def test_write_evidence_refuses_a_partial_run_and_a_bad_name(tmp_path):
+    from tests.harness.test_report import FakeJob, write_run
+
+    partial = write_run(tmp_path / "runs", [FakeJob("sync")], complete=False)
+    with pytest.raises(ConfigError, match="not complete"):
+        write_evidence(partial, "fig", tmp_path / "papers")
+    with pytest.raises(ConfigError, match="folder name"):
+        write_evidence(partial, "../up", tmp_path / "papers")
+    assert not (tmp_path / "papers").exists()
+
+
+def test_the_table_row_format_is_what_results_md_prints():
+    """The formats the table uses give the texts RESULTS prints (x for ratios, pp for deltas)."""
+    assert formatted({"format": "{:.0f}x"}, 106.4) == "106x"
+    assert formatted({"format": "{:+.2f} pp", "scale": 100}, -0.0028) == "-0.28 pp"
+    assert re.fullmatch(r"\d+", formatted({"format": "{:.0f}"}, 543.0))
+
+
+def test_the_command_writes_evidence_and_refuses_bad_input(tmp_path):
+    from tests.harness.test_report import FakeJob, write_run
+    from harness.cli import main
+    from harness.results import load_run, summarize, write_summary
+
+    run_dir = write_run(tmp_path / "runs", [FakeJob("sync", steps=20, evals={i: 0.5 + 0.03 * i for i in range(20)})])
+    write_summary(run_dir, summarize(load_run(run_dir)))
+    papers = tmp_path / "papers"
+    assert main(["evidence", str(run_dir), "--figure", "fig", "--out", str(papers), "--every", "4"]) == 0
+    assert len(JobDir(next((papers / "fig" / run_dir.name / "jobs").iterdir())).evals) < 20
+    assert main(["evidence", str(run_dir), "--figure", "fig", "--out", str(papers), "--every", "0"]) == 2
+    assert main(["evidence", str(tmp_path / "nowhere"), "--figure", "fig", "--out", str(papers)]) == 2
