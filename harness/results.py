@@ -812,8 +812,10 @@ def summary_table(table: pd.DataFrame, title: str):
 SEED_COLUMNS = ("time_to_target_s", "speedup_vs_sync", "throughput_speedup_vs_sync", "steps_per_s",
                 "accuracy_delta_vs_sync", "final_accuracy", "first_sync_step", "syncs_before_target")
 # One group: a network point, an algorithm's label and its workload (a variant of the same label:
-# compute padded or not; a tuned lr), in one run where summaries of several runs are combined.
-SEED_GROUP_KEYS = ("run", "network", "label", "workload")
+# compute padded or not; a tuned lr), in one run where summaries of several runs are combined;
+# under a tuning protocol, its phase (a candidate on the tuning seed is never pooled with the
+# reported seeds at the pick, though both run the same lr).
+SEED_GROUP_KEYS = ("run", "network", "label", "workload", "phase")
 # A headline needs this many seeds (issue 21 §10); fewer is said next to it.
 MIN_SEEDS = 3
 SEED_STATS = ("n", "median", "min", "max")

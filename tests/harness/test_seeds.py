@@ -56,6 +56,16 @@ def test_groups_by_network_label_and_workload_and_flags_few_seeds():
     assert MIN_SEEDS == 3
 
 
+def test_a_tuning_candidate_is_never_pooled_with_the_reported_seeds_at_its_pick():
+    """Under a tuning protocol the tuning seed's candidate at lr 0.1 and the reported seeds at the
+    pick lr 0.1 have the same label and workload: the phase keeps them apart."""
+    rows = [row("sync", 0, phase="tuning", steps_per_s=1.0)]
+    rows += [row("sync", s, phase="reported", steps_per_s=10.0 + s) for s in (1, 2, 3)]
+    seeds = across_seeds(pd.DataFrame(rows)).set_index("phase")
+    assert seeds.loc["reported", "seed_list"] == "1 2 3" and seeds.loc["reported", "steps_per_s_min"] == 11.0
+    assert seeds.loc["tuning", "seeds"] == 1 and seeds.loc["tuning", "few_seeds"]
+
+
 def test_a_value_missing_on_some_seeds_counts_only_the_others():
     """time to target on 2 of 3 seeds (one never reached it): n 2, and the cell says so."""
     rows = [row("dts", 0, time_to_target_s=4.0), row("dts", 1, time_to_target_s=None), row("dts", 2, time_to_target_s=2.0)]
