@@ -165,7 +165,9 @@ class SimSettings(BaseModel):
         one rank alone, harness/auto_dilation.py's measurement; a number makes runs repeatable
         bit for bit). A compute profile's min_compute_s padding still applies on top.
     overhead_s: virtual seconds per step outside forward + backward.
-    nic: each node's NIC rate ("10Gbit"), shared max-min by its flows; None: per-pair rates only.
+    nic: every node's NIC rate each way ("10Gbit"), shared max-min by its flows, in place of the
+        topology's `nic:` on sim (the emulators take the topology's); None: the topology's NICs
+        (emulator/topology.py DEFAULT_NIC_RATE_BIT_S where it names none).
     start_offsets_s: start-up skew: node name -> seconds from the job's first node's first step to
         this node's first step (every job), or algorithm label -> such a mapping (that algorithm's
         jobs); a node not named starts at 0. None: no start-up term (the simulated setup's own
