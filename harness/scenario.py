@@ -26,7 +26,7 @@ from .inputs import topology_from_document
 from emulator.dilation import MAX_TIME_DILATION, MIN_TIME_DILATION
 from emulator.schema import ConfigError, config_error_from_pydantic, load_yaml_mapping
 from emulator.plan import make_plan
-from emulator.topology import MAX_NODES_PER_REGION, NodeLimits, Topology, check_node_sysctls
+from emulator.topology import MAX_NODES_PER_REGION, NicFields, NodeLimits, Topology, check_node_sysctls
 from emulator.units import UnitError, parse_rate_bit_s
 
 MAX_JOBS = 500
@@ -254,6 +254,8 @@ class ScenarioFile(BaseModel):
     node_limits: NodeLimits = NodeLimits()  # memory, pids per node; override the topology's
     # sysctls in every node (emulator/topology.py NODE_SYSCTLS); override the topology's key by key
     node_sysctls: dict[str, str] = {}
+    # every node's NIC each way, in place of the topology's (its regions' included), on every backend
+    nic: Optional[NicFields] = None
     faults: list[FaultEvent] = Field([], max_length=1000)
     # Parameter-server algorithms (those whose params name server_ranks): "extra" gives them one
     # more node, in server_region (default: the topology's first region), as their server, so they
@@ -282,6 +284,8 @@ class ScenarioFile(BaseModel):
         data = handler(self)
         if not data.get("node_sysctls"):
             data.pop("node_sysctls", None)
+        if data.get("nic") is None:  # likewise a scenario that names no NIC
+            data.pop("nic", None)
         return data
 
     @field_validator("time_dilation", mode="before")
