@@ -275,7 +275,9 @@ class Scheduler:
 
     @property
     def deliveries(self) -> list:
-        """The pending deliveries, a heap of (delivery_ns, sequence, destination, packet): the list
+        """The pending deliveries, a heap of (delivery_ns, sequence, destination, packet) (and, for
+        a packet still to pass its receiver's NIC in, (arrival_ns, sequence, destination, packet,
+        nic, wire_bytes, serialized_ns), which pop_due turns into a delivery): the list
         itself, for a hot loop's read-only peeks at ``deliveries[0][0]`` without a call per
         packet; only :meth:`offer` and :meth:`pop_due` change it."""
         return self._heap
