@@ -104,6 +104,19 @@ class Plan:
         """`node`'s NIC rate each way (bit/s) as the topology states it (before dilation)."""
         return None if node.nic_rate_bit_s is None else node.nic_rate_bit_s * self.time_dilation
 
+    def nic_can_bind(self, node: Node) -> bool:
+        """True when `node`'s NIC is below what its pairs could carry at once, out or in (the sum
+        of their rates): a NIC that cannot bind need not be built (tc, the delay line)."""
+        if node.nic_rate_bit_s is None:
+            return False
+        counts: dict[str, int] = {}
+        for other in self.nodes:
+            counts[other.region] = counts.get(other.region, 0) + 1
+        counts[node.region] -= 1
+        out = sum(n * self.region_links[(node.region, r)].rate_bit_s for r, n in counts.items())
+        into = sum(n * self.region_links[(r, node.region)].rate_bit_s for r, n in counts.items())
+        return max(out, into) > node.nic_rate_bit_s
+
     def nic_queue_bytes(self, node: Node) -> int:
         """The drop-tail queue (bytes) of each direction of `node`'s NIC on the delay line: the
         largest queue of a link it sends or receives on (a bandwidth-delay product or the

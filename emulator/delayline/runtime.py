@@ -220,8 +220,10 @@ class DelayLine:
         self.log = log
         self.node_count = len(plan.nodes)
         self.scheduler = Scheduler(seed=seed, jitter_distribution=jitter_distribution)
-        for node in plan.nodes:  # each node's NIC each way, shared by its pairs (scheduler.py)
-            if node.nic_rate_bit_s is not None:
+        # each node's NIC each way, shared by its pairs (scheduler.py); only where it can bind, so
+        # a network whose NICs never bind costs the loop nothing more per packet
+        for node in plan.nodes:
+            if plan.nic_can_bind(node):
                 self.scheduler.add_nic(node.rank, node.nic_rate_bit_s, plan.nic_queue_bytes(node))
         for src, dst, spec in plan.pairs():
             self.scheduler.add_pair(src.rank * self.node_count + dst.rank, spec, src.rank, dst.rank)

@@ -164,6 +164,13 @@ def test_every_node_has_a_nic_each_way_the_default_a_region_can_override(write_y
     assert [n.nic_rate_bit_s for n in slowed.nodes] == [6.25e9, 0.25e9, 0.25e9, 6.25e9]
     assert slowed.emulated_nic_bit_s(slowed.nodes[1]) == 1e9
     assert topo.with_nic(2e9).nic_rate_bit_s == {"a": 2e9, "b": 2e9, "c": 2e9}
+    # a NIC binds where its pairs' rates sum to more: b's 1 Gbit/s under its 10 Gbit/s intra-region
+    # pair, not a's or c's 25 Gbit/s (a: 2 x 100 Mbit/s to b + 50 to c)
+    assert [n.name for n in plan.nodes if plan.nic_can_bind(n)] == ["b-0", "b-1"]
+    tight = make_plan(topo.with_nic(250e6))   # a: exactly 250 out and in: cannot pass it
+    assert [n.name for n in tight.nodes if tight.nic_can_bind(n)] == ["b-0", "b-1"]
+    tighter = make_plan(topo.with_nic(249e6))
+    assert [n.name for n in tighter.nodes if tighter.nic_can_bind(n)] == ["a-0", "b-0", "b-1", "c-0"]
 
 
 def test_a_plan_written_before_nodes_had_nics_reads_as_no_nic(write_yaml):
