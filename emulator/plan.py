@@ -58,6 +58,9 @@ class Node:
     rank: int          # position in the plan, 0..N-1 (region order of the file, then index)
     namespace: str     # "<prefix>-<name>"
     address: str       # IPv4 inside the namespaces only
+    # the node's NIC each way (bit/s, as applied: dilated like the links); None: no NIC limit
+    # (a plan.json written before nodes had NICs)
+    nic_rate_bit_s: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,30 @@ class Plan:
     def emulated_link(self, src: Node, dst: Node) -> LinkSpec:
         """The one-way spec from `src` to `dst` as the topology states it (before dilation)."""
         return undilate(self.link(src, dst), self.time_dilation)
+
+    def emulated_nic_bit_s(self, node: Node) -> Optional[float]:
+        """`node`'s NIC rate each way (bit/s) as the topology states it (before dilation)."""
+        return None if node.nic_rate_bit_s is None else node.nic_rate_bit_s * self.time_dilation
+
+    def nic_can_bind(self, node: Node) -> bool:
+        """True when `node`'s NIC is below what its pairs could carry at once, out or in (the sum
+        of their rates): a NIC that cannot bind need not be built (tc, the delay line)."""
+        if node.nic_rate_bit_s is None:
+            return False
+        counts: dict[str, int] = {}
+        for other in self.nodes:
+            counts[other.region] = counts.get(other.region, 0) + 1
+        counts[node.region] -= 1
+        out = sum(n * self.region_links[(node.region, r)].rate_bit_s for r, n in counts.items())
+        into = sum(n * self.region_links[(r, node.region)].rate_bit_s for r, n in counts.items())
+        return max(out, into) > node.nic_rate_bit_s
+
+    def nic_queue_bytes(self, node: Node) -> int:
+        """The drop-tail queue (bytes) of each direction of `node`'s NIC on the delay line: the
+        largest queue of a link it sends or receives on (a bandwidth-delay product or the
+        topology's `queue`), so a NIC never drops what its busiest link would keep."""
+        return max([MIN_AUTO_QUEUE_BYTES] + [spec.queue_bytes or 0 for (src, dst), spec in self.region_links.items()
+                                             if node.region in (src, dst)])
 
     def emulated_region_links(self) -> dict:
         """Region pair -> the topology's LinkSpec (before dilation)."""
@@ -206,6 +233,7 @@ def make_plan(topology: Topology, cpu_share: Optional[float] = None, time_dilati
             nodes.append(Node(
                 name=name, region=region, index=index, rank=len(nodes),
                 namespace=f"{pfx}-{name}", address=str(next(hosts)),
+                nic_rate_bit_s=topology.region_nic_bit_s(region) / time_dilation,
             ))
     region_links = {}
     for src in topology.regions:

@@ -8,8 +8,9 @@ max-min fair (progressive filling, :func:`max_min_rates`) over these resources:
 
 * each ordered pair's path (its ``rate``): flows between the same two nodes share it, as they
   share one delay-line link on tun or one netem class on tc;
-* each node's NIC, one way out and one way in, when ``nic_rate_bit_s`` is given (the emulators
-  have no NIC limit: every pair is its own link; a NIC makes a node's flows to many peers share).
+* each node's NIC, one way out and one way in (the plan's ``Node.nic_rate_bit_s``, from the
+  topology's ``nic:``, or one rate for every node given to :meth:`FluidNetwork.from_plan`): a
+  node's flows to many peers share its NIC out, the flows from many peers share its NIC in.
 
 Each flow is also capped by what one TCP connection can do on its path: a window of at most the
 plan's TCP buffer per round trip, and with loss the Mathis et al. response function
@@ -139,7 +140,8 @@ class FluidNetwork:
             previous message of its pair (TCP delivers in order).
         loss: loss fraction, [src, dst]; 1.0: the path is down (its flows stall).
         tcp_window: bytes one connection may have in flight (the plan's TCP buffer limit).
-        nic: each node's NIC rate each way (bytes/s), or None.
+        nic: each node's NIC rate each way (bytes/s): an array over ranks, one number for every
+            node, or None (no NIC limit).
         region_of: each rank's region (for :meth:`set_link`).
     """
 
@@ -148,7 +150,7 @@ class FluidNetwork:
     jitter_s: np.ndarray
     loss: np.ndarray
     tcp_window: float
-    nic: Optional[float] = None
+    nic: Optional[np.ndarray] = None
     region_of: tuple = ()
     seed: int = 0
     tcp: bool = True  # slow start and pacing per connection (False: the fluid alone, for tests of it)
@@ -164,6 +166,8 @@ class FluidNetwork:
 
     def __post_init__(self) -> None:
         n = len(self.latency_s)
+        if self.nic is not None:
+            self.nic = np.broadcast_to(np.asarray(self.nic, dtype=float), (n,)).copy()
         self._cwnd = np.full((n, n), float(INITIAL_WINDOW_SEGMENTS))  # segments, per connection
         self._last_send = np.full((n, n), -np.inf)                     # when each last sent data
         self._rng = np.random.default_rng(self.seed)
@@ -176,7 +180,9 @@ class FluidNetwork:
 
     @classmethod
     def from_plan(cls, plan: Plan, nic_rate_bit_s: Optional[float] = None, seed: int = 0) -> "FluidNetwork":
-        """The network of ``plan`` (ranks in plan order); ``nic_rate_bit_s``: every node's NIC."""
+        """The network of ``plan`` (ranks in plan order) with each node's NIC from the plan;
+        ``nic_rate_bit_s``: every node's NIC instead (a scenario's ``sim.nic``). A plan written
+        before nodes had NICs (its nodes' ``nic_rate_bit_s`` None) has no NIC limit."""
         regions = sorted({node.region for node in plan.nodes})
         index = {name: i for i, name in enumerate(regions)}
         r = len(regions)
@@ -191,8 +197,15 @@ class FluidNetwork:
         grid = np.ix_(of, of)
         latency_s = lat[grid]  # a copy (fancy indexing): two ranks of one region are 0 apart
         np.fill_diagonal(latency_s, 0.0)
+        ranked = sorted(plan.nodes, key=lambda n: n.rank)
+        if nic_rate_bit_s:
+            nic = np.full(len(ranked), nic_rate_bit_s / 8.0)
+        elif all(node.nic_rate_bit_s is not None for node in ranked):
+            nic = np.array([node.nic_rate_bit_s / 8.0 for node in ranked])
+        else:
+            nic = None
         net = cls(latency_s=latency_s, rate=rate[grid], jitter_s=jit[grid], loss=loss[grid],
-                  tcp_window=float(plan.tcp_buffer_max_bytes), nic=nic_rate_bit_s / 8.0 if nic_rate_bit_s else None,
+                  tcp_window=float(plan.tcp_buffer_max_bytes), nic=nic,
                   region_of=tuple(regions[i] for i in of), seed=seed,
                   slow_start_after_idle=plan.slow_start_after_idle())
         return net
@@ -214,11 +227,26 @@ class FluidNetwork:
         return np.where(self.loss >= 1.0, 0.0, cap)
 
     def effective_rate(self) -> np.ndarray:
-        """One flow's rate per pair when it is alone (the collective models use it)."""
+        """One flow's rate per pair when it is alone (the collective models use it): its
+        connection's cap, its sender's NIC out and its receiver's NIC in."""
         cap = self.connection_cap()
         if self.nic is not None:
-            cap = np.minimum(cap, self.nic)
+            cap = np.minimum(cap, np.minimum(self.nic[:, None], self.nic[None, :]))
         return cap
+
+    def shared_rate(self, fan_out: np.ndarray, fan_in: np.ndarray) -> np.ndarray:
+        """Each pair's rate [src, dst] when every rank sends ``fan_out[rank]`` flows at once and
+        receives ``fan_in[rank]`` (the collectives' message patterns): a flow gets its NIC out's
+        share at the sender and its NIC in's share at the receiver, and no more than it would
+        alone. Equal shares are max-min fair where every NIC in the pattern has the same rate and
+        load (every collective here); otherwise a lower bound on the max-min rates."""
+        cap = self.connection_cap()
+        if self.nic is None:
+            return cap
+        with np.errstate(divide="ignore"):
+            out = self.nic / np.maximum(np.asarray(fan_out, dtype=float), 1.0)
+            into = self.nic / np.maximum(np.asarray(fan_in, dtype=float), 1.0)
+        return np.minimum(cap, np.minimum(out[:, None], into[None, :]))
 
     def slow_start_s(self, src, dst, size, start) -> np.ndarray:
         """Extra seconds slow start adds to messages of ``size`` bytes that ``src`` starts sending
@@ -372,7 +400,7 @@ class FluidNetwork:
             for ends in (src, dst):
                 used, index = np.unique(ends, return_inverse=True)
                 kinds.append(index + sum(len(c) for c in capacity))
-                capacity.append(np.full(len(used), self.nic))
+                capacity.append(self.nic[used])
         rates = max_min_rates(kinds, np.concatenate(capacity), self._cap[src, dst])
         for flow, rate in zip(flows, rates):
             flow.rate = float(rate)

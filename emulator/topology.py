@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Optional
 
 import pydantic
@@ -38,6 +38,11 @@ MAX_NODE_PIDS = 4_194_304         # the kernel's pid_max ceiling
 REGION_NAME_PATTERN = r"^[a-z][a-z0-9]{0,14}$"
 MAX_SOCKET_BUFFER_BYTES = 1 << 30  # tcp_rmem / tcp_wmem entries (the plan's own ceiling)
 CONGESTION_CONTROL_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,15}$")  # TCP_CA_NAME_MAX is 16
+# Every node's NIC, each way, where the topology names none: 10 Gbit/s in and 10 Gbit/s out at
+# once, an EC2 instance with a sustained "10 Gigabit" (m5.12xlarge, c5.9xlarge: `aws ec2
+# describe-instance-types ... NetworkInfo.NetworkPerformance`); the EC2 User Guide's "Amazon EC2
+# instance network bandwidth" says an instance's figure holds inbound and outbound simultaneously.
+DEFAULT_NIC_RATE_BIT_S = 10e9
 
 
 def _bounded(value: float, low: float, high: float, what: str, shown: str) -> float:
@@ -52,6 +57,14 @@ def bounded_time_ms(value: Any, what: str, low: float = 0.0, high: float = MAX_O
     except UnitError as exc:
         raise ValueError(str(exc)) from None
     return _bounded(ms, low, high, what + " (ms)", repr(value))
+
+
+def bounded_rate_bit_s(value: Any, what: str = "rate") -> float:
+    try:
+        bit_s = parse_rate_bit_s(value)
+    except UnitError as exc:
+        raise ValueError(str(exc)) from None
+    return _bounded(bit_s, MIN_RATE_BIT_S, MAX_RATE_BIT_S, what + " (bit/s)", repr(value))
 
 
 class LinkFields(BaseModel):
@@ -79,13 +92,7 @@ class LinkFields(BaseModel):
     @field_validator("rate", mode="before")
     @classmethod
     def _rate(cls, v):
-        if v is None:
-            return None
-        try:
-            bit_s = parse_rate_bit_s(v)
-        except UnitError as exc:
-            raise ValueError(str(exc)) from None
-        return _bounded(bit_s, MIN_RATE_BIT_S, MAX_RATE_BIT_S, "rate (bit/s)", repr(v))
+        return None if v is None else bounded_rate_bit_s(v)
 
     @field_validator("loss", mode="before")
     @classmethod
@@ -275,9 +282,24 @@ def check_node_sysctls(value) -> dict[str, str]:
     return checked
 
 
+class NicFields(BaseModel):
+    """A node's NIC (`nic:` in a topology, or in one of its regions): its rate each way, shared by
+    every flow the node sends (out) and, separately, by every flow it receives (in)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rate: float = Field(description="bit/s each way, e.g. \"10Gbit\"")
+
+    @field_validator("rate", mode="before")
+    @classmethod
+    def _rate(cls, v):
+        return bounded_rate_bit_s(v)
+
+
 class RegionEntry(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     nodes: Annotated[int, Field(ge=1, le=MAX_NODES_PER_REGION, strict=True)] = 1
+    nic: Optional[NicFields] = None  # this region's nodes' NIC; None: the topology's
 
 
 class TopologyFile(BaseModel):
@@ -298,6 +320,8 @@ class TopologyFile(BaseModel):
     # sysctls set inside every node's namespace (NODE_SYSCTLS lists the known ones); a scenario's
     # node_sysctls override these key by key
     node_sysctls: dict[str, str] = {}
+    # every node's NIC each way (a region's `nic:` overrides it); None: DEFAULT_NIC_RATE_BIT_S
+    nic: Optional[NicFields] = None
 
     @field_validator("node_sysctls", mode="before")
     @classmethod
@@ -342,6 +366,17 @@ class Topology:
     memory_bytes: Optional[int] = None   # per node (node_limits.memory); None: unlimited
     pids_max: Optional[int] = None       # per node (node_limits.pids); None: unlimited
     node_sysctls: tuple = ()             # ((key, value as written to /proc/sys), ...), in file order
+    # region -> the NIC rate (bit/s) of each of its nodes, each way; a region not named has
+    # DEFAULT_NIC_RATE_BIT_S (topology_from_dict names every region)
+    nic_rate_bit_s: dict = field(default_factory=dict)
+
+    def region_nic_bit_s(self, region: str) -> float:
+        """The NIC rate (bit/s, each way) of every node of `region`."""
+        return self.nic_rate_bit_s.get(region, DEFAULT_NIC_RATE_BIT_S)
+
+    def with_nic(self, rate_bit_s: float) -> "Topology":
+        """The same network with every node's NIC at `rate_bit_s` each way (a scenario's override)."""
+        return replace(self, nic_rate_bit_s={region: float(rate_bit_s) for region in self.regions})
 
     def with_limits(self, limits: "NodeLimits") -> "Topology":
         """The same network with these node limits where they are given (a scenario's override)."""
@@ -420,6 +455,11 @@ def _resolve(fields: LinkFields, fallback: LinkFields, base: dict, where: str) -
     )
 
 
+def _nic_of(region: RegionEntry, doc: TopologyFile) -> float:
+    given = region.nic or doc.nic
+    return DEFAULT_NIC_RATE_BIT_S if given is None else given.rate
+
+
 def topology_from_dict(data: dict, source: str = "<topology>") -> Topology:
     """Validate a topology document (already parsed YAML) into a `Topology`; raise ConfigError."""
     try:
@@ -476,6 +516,7 @@ def topology_from_dict(data: dict, source: str = "<topology>") -> Topology:
         memory_bytes=doc.node_limits.memory,
         pids_max=doc.node_limits.pids,
         node_sysctls=tuple(doc.node_sysctls.items()),
+        nic_rate_bit_s={name: _nic_of(region, doc) for name, region in doc.regions.items()},
     )
 
 

@@ -14,7 +14,8 @@ from typing import Optional
 import pydantic
 
 from emulator.schema import ConfigError, config_error_from_pydantic, load_yaml_mapping
-from emulator.topology import MAX_NODES_PER_REGION, NodeLimits, check_node_sysctls, Topology, load_topology, topology_from_dict
+from emulator.topology import (MAX_NODES_PER_REGION, NicFields, NodeLimits, check_node_sysctls, Topology, load_topology,
+                               topology_from_dict)
 
 from .paths import PROJECT_ROOT
 
@@ -76,4 +77,10 @@ def topology_from_document(data: dict, path: str) -> Topology:
         except ValueError as exc:
             raise ConfigError("node_sysctls", str(exc), source=path) from None
         topology = topology.with_sysctls(sysctls)
+    if data.get("nic") is not None:
+        try:
+            nic = NicFields.model_validate(data["nic"])
+        except pydantic.ValidationError as exc:
+            raise config_error_from_pydantic(path, exc).prefixed("nic") from None
+        topology = topology.with_nic(nic.rate)
     return topology

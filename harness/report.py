@@ -550,7 +550,15 @@ def sim_sentence(run: RunInfo) -> str:
     text = "**times simulated**: backend sim, virtual seconds of the simulator's clock"
     if computes:
         text += "; compute " + "; ".join(computes)
-    text += f"; NIC {nic / 1e6:g} Mbit/s per node" if nic else "; no NIC limit (per-pair rates only)"
+    by_region = sim.get("topology_nic_rate_bit_s") or {}
+    if nic:
+        text += f"; NIC {nic / 1e6:g} Mbit/s per node"
+    elif by_region:
+        rates = sorted(set(by_region.values()))
+        text += ("; NIC " + " / ".join(f"{r / 1e6:g}" for r in rates) + " Mbit/s per node each way (the topology's"
+                 + (": " + ", ".join(f"{k} {v / 1e6:g}" for k, v in by_region.items()) if len(rates) > 1 else "") + ")")
+    else:  # a run from before nodes had NICs
+        text += "; no NIC limit (per-pair rates only)"
     if sim.get("time_dilation_ignored") is not None:
         text += f"; the scenario's time_dilation {sim['time_dilation_ignored']} not applied"
     return text

@@ -26,7 +26,7 @@ from .inputs import topology_from_document
 from emulator.dilation import MAX_TIME_DILATION, MIN_TIME_DILATION
 from emulator.schema import ConfigError, config_error_from_pydantic, load_yaml_mapping
 from emulator.plan import make_plan
-from emulator.topology import MAX_NODES_PER_REGION, NodeLimits, Topology, check_node_sysctls
+from emulator.topology import MAX_NODES_PER_REGION, NicFields, NodeLimits, Topology, check_node_sysctls
 from emulator.units import UnitError, parse_rate_bit_s
 
 MAX_JOBS = 500
@@ -214,7 +214,9 @@ class SimSettings(BaseModel):
         one rank alone, harness/auto_dilation.py's measurement; a number makes runs repeatable
         bit for bit). A compute profile's min_compute_s padding still applies on top.
     overhead_s: virtual seconds per step outside forward + backward.
-    nic: each node's NIC rate ("10Gbit"), shared max-min by its flows; None: per-pair rates only.
+    nic: every node's NIC rate each way ("10Gbit"), shared max-min by its flows, in place of the
+        topology's `nic:` on sim (the emulators take the topology's); None: the topology's NICs
+        (emulator/topology.py DEFAULT_NIC_RATE_BIT_S where it names none).
     start_offsets_s: start-up skew: node name -> seconds from the job's first node's first step to
         this node's first step (every job), or algorithm label -> such a mapping (that algorithm's
         jobs); a node not named starts at 0. None: no start-up term (the simulated setup's own
@@ -304,6 +306,8 @@ class ScenarioFile(BaseModel):
     node_limits: NodeLimits = NodeLimits()  # memory, pids per node; override the topology's
     # sysctls in every node (emulator/topology.py NODE_SYSCTLS); override the topology's key by key
     node_sysctls: dict[str, str] = {}
+    # every node's NIC each way, in place of the topology's (its regions' included), on every backend
+    nic: Optional[NicFields] = None
     faults: list[FaultEvent] = Field([], max_length=1000)
     # Parameter-server algorithms (those whose params name server_ranks): "extra" gives them one
     # more node, in server_region (default: the topology's first region), as their server, so they
@@ -334,6 +338,8 @@ class ScenarioFile(BaseModel):
             data.pop("node_sysctls", None)
         if data.get("tuning") is None:  # likewise a scenario without a tuning protocol
             data.pop("tuning", None)
+        if data.get("nic") is None:  # likewise a scenario that names no NIC
+            data.pop("nic", None)
         return data
 
     @field_validator("time_dilation", mode="before")

@@ -49,7 +49,8 @@ class SimRun:
 
     Args:
         compute: step_time_key(trainer config) -> {forward_backward_s, step_overhead_s, source}.
-        nic_rate_bit_s: each node's NIC, or None (per-pair rates only).
+        nic_rate_bit_s: every node's NIC (the scenario's sim.nic, which replaces the topology's on
+            sim), or None: each node has its topology's NIC (`topology_nic_rate_bit_s`).
         time_dilation_ignored: the scenario's time_dilation, not applied on sim (None when 1).
         start_offsets: algorithm label -> node name -> start offset (s), from sim.start_offsets_s;
             a label not in it: no start-up term.
@@ -59,6 +60,9 @@ class SimRun:
     nic_rate_bit_s: Optional[float]
     time_dilation_ignored: Optional[float | str] = None
     start_offsets: dict = dataclasses.field(default_factory=dict)  # label -> {node: s} (sim.start_offsets_s)
+    # region -> NIC rate (bit/s each way) from the topology: what the plan gives each node when
+    # sim.nic does not replace it (recorded only then)
+    topology_nic_rate_bit_s: Optional[dict] = None
 
     def job_compute(self, job: Job, plan: Optional[Plan] = None) -> dict:
         """The compute model of `job`'s workload, with the job's start offsets per rank where the
@@ -82,6 +86,8 @@ class SimRun:
                   "time_dilation_ignored": self.time_dilation_ignored}
         if self.start_offsets:
             record["start_offsets_s"] = self.start_offsets
+        if self.nic_rate_bit_s is None and self.topology_nic_rate_bit_s:
+            record["topology_nic_rate_bit_s"] = self.topology_nic_rate_bit_s
         return record
 
 
@@ -111,7 +117,9 @@ def sim_run(scenario: Scenario, measure: Callable[..., StepMeasurement] = measur
         given = settings.start_offsets_for(label)
         if given is not None:
             offsets[label] = given
-    return SimRun(compute, settings.nic_rate_bit_s, start_offsets=offsets)
+    regions = scenario.topology.regions
+    return SimRun(compute, settings.nic_rate_bit_s, start_offsets=offsets,
+                  topology_nic_rate_bit_s={r: scenario.topology.region_nic_bit_s(r) for r in regions})
 
 
 # --- the job's process -------------------------------------------------------------------------

@@ -20,6 +20,14 @@ compare across backends), in two stages per ordered pair src -> dst:
    the sender's socket handed the packet over: like on a WAN, the sender learns of it only
    through the ACK clock (duplicate ACKs, SACK), not from a local `NET_XMIT_DROP`.
 
+Each node's NIC (the plan's `Node.nic_rate_bit_s`, each way) is one more htb class, `1:2`, at the
+NIC's rate: on the receiver's bottleneck port the per-source classes hang under it (the NIC in),
+on the sender's eth0 the per-destination classes (the NIC out). A child is guaranteed its share of
+the NIC (the NIC's rate over its siblings, never more than its own ceiling) and borrows up to its
+ceiling (the pair's rate; on eth0 the NIC's), so the siblings together never pass the NIC. A NIC
+that cannot bind (the rates of its pairs sum to no more than it) is left out: the tree is the one
+without NICs.
+
 All shaping of one namespace is one `tc -batch` (N node batches and one core batch, not 3·N²
 processes); the commands are built by pure functions, so `--dry-run` prints exactly what would run
 and tests compare it line by line. Per-pair counters come from `tc -s -j` (`counters`).
@@ -88,10 +96,29 @@ def burst_bytes(rate_bit_s: float) -> int:
     return max(MIN_BURST_BYTES, math.ceil(rate_bit_s / 8.0 * BURST_TIME_MS / 1000.0))
 
 
-def htb_class_args(rate_bit_s: float) -> list[str]:
-    rate, burst = format_rate(rate_bit_s), str(burst_bytes(rate_bit_s))
-    return ["htb", "rate", rate, "ceil", rate, "burst", burst, "cburst", burst,
+def htb_class_args(rate_bit_s: float, ceil_bit_s: Optional[float] = None) -> list[str]:
+    """htb arguments of a class guaranteed `rate_bit_s` that may borrow up to `ceil_bit_s`
+    (default: the rate, no borrowing)."""
+    ceil_bit_s = rate_bit_s if ceil_bit_s is None else ceil_bit_s
+    return ["htb", "rate", format_rate(rate_bit_s), "ceil", format_rate(ceil_bit_s),
+            "burst", str(burst_bytes(rate_bit_s)), "cburst", str(burst_bytes(ceil_bit_s)),
             "quantum", str(HTB_QUANTUM_BYTES)]
+
+
+NIC_CLASS = "1:2"  # a node's NIC class (1:1 is the default class, nodes' classes start at 1:a)
+
+
+def binding_nic(nic_rate_bit_s: Optional[float], pair_rates_bit_s: list[float]) -> Optional[float]:
+    """The NIC rate when it can bind (the pairs' rates sum to more than it), else None."""
+    if nic_rate_bit_s is None or sum(pair_rates_bit_s) <= nic_rate_bit_s:
+        return None
+    return nic_rate_bit_s
+
+
+def nic_child_args(nic_bit_s: float, siblings: int, ceil_bit_s: float) -> list[str]:
+    """A class under the NIC: guaranteed the NIC's equal share among `siblings` (never more than
+    its ceiling), borrowing up to `ceil_bit_s`."""
+    return htb_class_args(min(ceil_bit_s, float(int(nic_bit_s / siblings))), ceil_bit_s)
 
 
 def netem_args(spec: LinkSpec, always_loss: bool = False, limit: Optional[int] = None) -> list[str]:
@@ -125,13 +152,17 @@ def delay_stage(plan: Plan, src: Node) -> list[list[str]]:
     with a netem leaf (delay, jitter, loss) and a u32 filter on the destination address."""
     dev = NODE_IFNAME
     cmds = _root(dev)
-    for dst in plan.nodes:
-        if dst is src:
-            continue
+    others = [dst for dst in plan.nodes if dst is not src]
+    nic = binding_nic(src.nic_rate_bit_s, [plan.link(src, dst).rate_bit_s for dst in others])
+    parent = "1:"
+    if nic is not None:  # the NIC out: every destination's class borrows from it
+        cmds.append(["class", "add", "dev", dev, "parent", "1:", "classid", NIC_CLASS, *htb_class_args(nic)])
+        parent = NIC_CLASS
+    for dst in others:
         spec, minor = plan.link(src, dst), class_id(dst)
+        shape = htb_class_args(UNSHAPED_RATE_BIT_S) if nic is None else nic_child_args(nic, len(others), nic)
         cmds += [
-            ["class", "add", "dev", dev, "parent", "1:", "classid", f"1:{minor}",
-             *htb_class_args(UNSHAPED_RATE_BIT_S)],
+            ["class", "add", "dev", dev, "parent", parent, "classid", f"1:{minor}", *shape],
             ["qdisc", "add", "dev", dev, "parent", f"1:{minor}", "handle", f"{minor}:", *netem_args(spec)],
             ["filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
              "match", "ip", "dst", f"{dst.address}/32", "flowid", f"1:{minor}"],
@@ -144,12 +175,17 @@ def bottleneck_stage(plan: Plan, dst: Node, dev: str, sources: Optional[list[Nod
     mininet backend the switch port): per source, an htb class at the pair's rate with a bfifo leaf
     bounded in bytes and a u32 filter on the source address. `sources`: these only (default all)."""
     cmds = _root(dev)
-    for src in plan.nodes if sources is None else sources:
-        if src is dst:
-            continue
+    senders = [src for src in (plan.nodes if sources is None else sources) if src is not dst]
+    nic = binding_nic(dst.nic_rate_bit_s, [plan.link(src, dst).rate_bit_s for src in senders])
+    parent = "1:"
+    if nic is not None:  # the NIC in: every source's class borrows from it, up to its pair's rate
+        cmds.append(["class", "add", "dev", dev, "parent", "1:", "classid", NIC_CLASS, *htb_class_args(nic)])
+        parent = NIC_CLASS
+    for src in senders:
         spec, minor = plan.link(src, dst), class_id(src)
+        shape = htb_class_args(spec.rate_bit_s) if nic is None else nic_child_args(nic, len(senders), spec.rate_bit_s)
         cmds += [
-            ["class", "add", "dev", dev, "parent", "1:", "classid", f"1:{minor}", *htb_class_args(spec.rate_bit_s)],
+            ["class", "add", "dev", dev, "parent", parent, "classid", f"1:{minor}", *shape],
             ["qdisc", "add", "dev", dev, "parent", f"1:{minor}", "handle", f"{minor}:", *queue_args(spec)],
             ["filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
              "match", "ip", "src", f"{src.address}/32", "flowid", f"1:{minor}"],
@@ -206,11 +242,16 @@ def change_commands(plan: Plan, src: Node, dst: Node, spec: Optional[LinkSpec]) 
     base = plan.link(src, dst)
     spec = spec or replace(base, loss_fraction=1.0)
     minor_dst, minor_src = class_id(dst), class_id(src)
+    # the class sits where bottleneck_stage put it: under dst's NIC when the plan's rates let it bind
+    senders = [n for n in plan.nodes if n is not dst]
+    nic = binding_nic(dst.nic_rate_bit_s, [plan.link(n, dst).rate_bit_s for n in senders])
+    parent, shape = ("1:", htb_class_args(spec.rate_bit_s)) if nic is None else (
+        NIC_CLASS, nic_child_args(nic, len(senders), spec.rate_bit_s))
     return [
         ["tc", "-n", src.namespace, "qdisc", "change", "dev", NODE_IFNAME, "parent", f"1:{minor_dst}",
          "handle", f"{minor_dst}:", *netem_args(spec, always_loss=True)],
-        ["tc", "-n", core_namespace(plan), "class", "change", "dev", veth_core_name(plan, dst), "parent", "1:",
-         "classid", f"1:{minor_src}", *htb_class_args(spec.rate_bit_s)],
+        ["tc", "-n", core_namespace(plan), "class", "change", "dev", veth_core_name(plan, dst), "parent", parent,
+         "classid", f"1:{minor_src}", *shape],
     ]
 
 

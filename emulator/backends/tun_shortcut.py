@@ -15,6 +15,14 @@ through its TUN device and the delay line. The rate and the drop-tail queue (in 
 backend's bottleneck stage on the core side of the receiver's port (htb per source + bfifo), so
 the link model is the tc backend's; the delay is the kernel's own, which the docs measure.
 
+Each node's NIC holds on the shortcut too, in the kernel: its NIC in is the parent class of its
+port's per-source classes (tc.bottleneck_stage), its NIC out one htb class on its lan0 (`nic_batches`),
+each where the shortcut pairs' rates could exceed it. The delay line enforces the same NIC on the
+node's other pairs; the two are separate buckets (a node busy on both paths at once can move up to
+a NIC's worth on each), which binds only when intra-region and inter-region traffic together pass
+the NIC: with the default 10 Gbit/s NIC and 1 Gbit/s inter-region pairs, a node needs ten busy
+inter-region peers before the delay line's share matters.
+
 A pair is eligible when both directions have no loss and no jitter and their round trip is at
 most `max_rtt_ms` (as applied, i.e. dilated). The delay line keeps every pair configured; a link
 change that makes a pair ineligible (a partition, a slower link) removes its routes after the delay
@@ -135,6 +143,19 @@ def tc_batch(plan: Plan, pairs: list[Pair]) -> list[list[str]]:
             for cmd in tc.bottleneck_stage(plan, dst, tc.veth_core_name(plan, dst), sources=peers(pairs, dst))]
 
 
+def nic_batches(plan: Plan, pairs: list[Pair]) -> list[tuple[str, list[list[str]]]]:
+    """(namespace, tc arguments) that cap each shortcut node's lan0 at its NIC out, for the nodes
+    whose shortcut peers' rates sum to more than the NIC (elsewhere the NIC cannot bind)."""
+    batches = []
+    for node in _members(pairs):
+        nic = tc.binding_nic(node.nic_rate_bit_s, [plan.link(node, peer).rate_bit_s for peer in peers(pairs, node)])
+        if nic is not None:
+            batches.append((node.namespace, [
+                ["qdisc", "add", "dev", NODE_IFNAME, "root", "handle", "1:", "htb", "default", "1"],
+                ["class", "add", "dev", NODE_IFNAME, "parent", "1:", "classid", "1:1", *tc.htb_class_args(nic)]]))
+    return batches
+
+
 def build(plan: Plan, pairs: list[Pair]) -> None:
     """Create the core namespace, the lan0 links, the bottlenecks and the routes (raises
     tc.CommandFailed with one line naming the command; the caller tears down)."""
@@ -142,6 +163,8 @@ def build(plan: Plan, pairs: list[Pair]) -> None:
     for namespace, cmds in link_batches(plan, pairs):
         tc.run_batch("ip", namespace, cmds)
     tc.run_batch("tc", tc.core_namespace(plan), tc_batch(plan, pairs))
+    for namespace, cmds in nic_batches(plan, pairs):
+        tc.run_batch("tc", namespace, cmds)
     set_routes(pairs, "add")
 
 

@@ -220,8 +220,13 @@ class DelayLine:
         self.log = log
         self.node_count = len(plan.nodes)
         self.scheduler = Scheduler(seed=seed, jitter_distribution=jitter_distribution)
+        # each node's NIC each way, shared by its pairs (scheduler.py); only where it can bind, so
+        # a network whose NICs never bind costs the loop nothing more per packet
+        for node in plan.nodes:
+            if plan.nic_can_bind(node):
+                self.scheduler.add_nic(node.rank, node.nic_rate_bit_s, plan.nic_queue_bytes(node))
         for src, dst, spec in plan.pairs():
-            self.scheduler.add_pair(src.rank * self.node_count + dst.rank, spec)
+            self.scheduler.add_pair(src.rank * self.node_count + dst.rank, spec, src.rank, dst.rank)
         self.rank_by_address = {bytes(map(int, n.address.split("."))): n.rank for n in plan.nodes}
         self.fds: list[int] = []
         self.kernel_stamps = kernel_stamps
@@ -323,6 +328,7 @@ class DelayLine:
             "write_errors": self.write_errors,
             "segmenting": [n.name for n, on in zip(self.plan.nodes, self.segmenting) if on],
             "unknown_destination": dict(zip(names, self.unknown_destination)),
+            "nics": {names[int(rank)]: nic for rank, nic in self.scheduler.nic_counters().items()},
         }
 
     def _end_interval(self, writer: Optional[CountersWriter]) -> None:

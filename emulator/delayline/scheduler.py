@@ -14,6 +14,13 @@ Model of one direction of a link, in the order a packet meets it:
      clipped) within +-jitter_ms. A packet is never delivered before the one ahead of it on the same
      pair (its delivery time is raised to the previous one): jitter never reorders a pair, as on a
      single real path; the price is that large jitter on a busy pair skews the distribution upwards.
+
+Each node may have a NIC (`add_nic`): one serializer out, shared by every pair the node sends on,
+and one in, shared by every pair it receives on, each a drop-tail FIFO of its own. A packet meets
+the sender's NIC out before its pair's queue, and the receiver's NIC in when it arrives (after the
+pair's delay, in the order packets arrive: the delivery heap holds it until then). The NIC and the
+pair are rate limits on the same bits, cut-through: a packet alone leaves at the pace of the
+slower of the two, never serialized twice; only a NIC busy with other pairs' packets delays it.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ class PairLink:
 
     __slots__ = (
         "spec", "ns_per_byte", "delay_ns", "jitter_ns", "queue_limit_bytes", "loss_fraction",
-        "busy_until_ns", "last_delivery_ns",
+        "busy_until_ns", "last_delivery_ns", "nic_out", "nic_in",
         "packets", "bytes", "drops_queue", "drops_loss", "dropped_bytes", "peak_backlog_bytes",
     )
 
@@ -42,6 +49,8 @@ class PairLink:
         if spec.queue_bytes is None:
             raise ValueError("spec.queue_bytes is None: resolve queues with make_plan first")
         self.set_spec(spec)
+        self.nic_out: Optional[NicStage] = None  # the sender's NIC out, when it has one
+        self.nic_in: Optional[NicStage] = None   # the receiver's NIC in, when it has one
         self.busy_until_ns = 0.0      # when the serializer has sent everything accepted so far
         self.last_delivery_ns = 0.0   # FIFO floor for the next delivery on this pair
         self.packets = 0              # accepted onto the link
@@ -78,6 +87,56 @@ class PairLink:
         }
 
 
+class NicStage:
+    """One direction of a node's NIC: a serializer at `rate_bit_s` with a drop-tail queue of
+    `queue_bytes`, shared by every pair through it (times in ns, sizes in bytes)."""
+
+    __slots__ = ("rate_bit_s", "ns_per_byte", "queue_limit_bytes", "busy_until_ns",
+                 "packets", "bytes", "drops_queue", "dropped_bytes", "peak_backlog_bytes")
+
+    def __init__(self, rate_bit_s: float, queue_bytes: int):
+        if not rate_bit_s > 0:
+            raise ValueError(f"NIC rate_bit_s must be > 0, got {rate_bit_s!r}")
+        self.rate_bit_s = rate_bit_s
+        self.ns_per_byte = 8.0 * NS_PER_S / rate_bit_s
+        self.queue_limit_bytes = queue_bytes
+        self.busy_until_ns = 0.0
+        self.packets = 0
+        self.bytes = 0
+        self.drops_queue = 0
+        self.dropped_bytes = 0
+        self.peak_backlog_bytes = 0
+
+    def admit(self, first_bit_ns: float, wire_bytes: int) -> Optional[float]:
+        """When this NIC can start the packet whose first bit reaches it at `first_bit_ns`; None
+        (counted) when its queue has no room. The caller sets busy_until_ns to the packet's end."""
+        busy_until = self.busy_until_ns
+        if busy_until > first_bit_ns:
+            backlog = (busy_until - first_bit_ns) / self.ns_per_byte
+            if backlog + wire_bytes > self.queue_limit_bytes:  # an idle NIC always takes one
+                self.drops_queue += 1
+                self.dropped_bytes += wire_bytes
+                return None
+            if backlog + wire_bytes > self.peak_backlog_bytes:
+                self.peak_backlog_bytes = backlog + wire_bytes
+            return busy_until
+        return first_bit_ns
+
+    def counters(self) -> dict:
+        return {"packets": self.packets, "bytes": self.bytes, "drops_queue": self.drops_queue,
+                "dropped_bytes": self.dropped_bytes, "peak_backlog_bytes": int(self.peak_backlog_bytes)}
+
+
+class NodeNic:
+    """A node's NIC: `out` for what it sends, `into` for what it receives, each at `rate_bit_s`."""
+
+    __slots__ = ("out", "into")
+
+    def __init__(self, rate_bit_s: float, queue_bytes: int):
+        self.out = NicStage(rate_bit_s, queue_bytes)
+        self.into = NicStage(rate_bit_s, queue_bytes)
+
+
 class Scheduler:
     """All pairs' links and one heap of pending deliveries ordered by delivery time.
 
@@ -90,16 +149,31 @@ class Scheduler:
         if jitter_distribution not in JITTER_DISTRIBUTIONS:
             raise ValueError(f"jitter_distribution {jitter_distribution!r}: use one of {JITTER_DISTRIBUTIONS}")
         self.pairs: dict[Hashable, PairLink] = {}
+        self.nics: dict[Hashable, NodeNic] = {}
         self.jitter_distribution = jitter_distribution
         self._rng = random.Random(seed)
         self._heap: list = []
         self._sequence = 0  # tie-break for equal delivery times: keeps insertion order, never compares payloads
 
-    def add_pair(self, key: Hashable, spec: LinkSpec) -> PairLink:
-        """Create the link for one ordered pair, identified by `key` in later `offer` calls."""
+    def add_nic(self, node: Hashable, rate_bit_s: float, queue_bytes: int) -> NodeNic:
+        """Give `node` a NIC of `rate_bit_s` each way, with a queue of `queue_bytes` each way; add
+        it before the pairs that cross it."""
+        if node in self.nics:
+            raise ValueError(f"NIC of node {node!r} added twice")
+        nic = NodeNic(rate_bit_s, queue_bytes)
+        self.nics[node] = nic
+        return nic
+
+    def add_pair(self, key: Hashable, spec: LinkSpec, src: Hashable = None, dst: Hashable = None) -> PairLink:
+        """Create the link for one ordered pair, identified by `key` in later `offer` calls; it
+        crosses `src`'s NIC out and `dst`'s NIC in where those nodes have one (`add_nic`)."""
         if key in self.pairs:
             raise ValueError(f"pair {key!r} added twice")
         link = PairLink(spec)
+        if src in self.nics:
+            link.nic_out = self.nics[src].out
+        if dst in self.nics:
+            link.nic_in = self.nics[dst].into
         self.pairs[key] = link
         return link
 
@@ -118,6 +192,17 @@ class Scheduler:
             link.drops_loss += 1
             link.dropped_bytes += wire_bytes
             return False
+        nic = link.nic_out
+        if nic is not None:
+            # the sender's NIC first: the packet reaches its pair's queue when the NIC starts it
+            nic_start = nic.admit(now_ns, wire_bytes)
+            if nic_start is None:
+                return False
+            nic_done = nic_start + wire_bytes * nic.ns_per_byte
+            nic.busy_until_ns = nic_done
+            nic.packets += 1
+            nic.bytes += wire_bytes
+            now_ns = nic_start
         busy_until = link.busy_until_ns
         if busy_until > now_ns:
             backlog = (busy_until - now_ns) / link.ns_per_byte
@@ -133,6 +218,8 @@ class Scheduler:
         else:
             start = now_ns
         departure = start + wire_bytes * link.ns_per_byte
+        if nic is not None and nic_done > departure:
+            departure = nic_done  # cut-through: the slower of the NIC and the pair sets the pace
         link.busy_until_ns = departure
         delivery = departure + link.delay_ns
         if link.jitter_ns:
@@ -145,7 +232,12 @@ class Scheduler:
         link.packets += 1
         link.bytes += wire_bytes
         self._sequence += 1
-        heapq.heappush(self._heap, (delivery, self._sequence, destination, packet))
+        if link.nic_in is None:
+            heapq.heappush(self._heap, (delivery, self._sequence, destination, packet))
+        else:
+            # held until it arrives at the receiver's NIC: that NIC takes packets in arrival order
+            heapq.heappush(self._heap, (delivery, self._sequence, destination, packet, link.nic_in,
+                                        wire_bytes, departure - start))
         return True
 
     def _jitter(self, jitter_ns: float) -> float:
@@ -163,13 +255,29 @@ class Scheduler:
         heap = self._heap
         due = []
         while heap and heap[0][0] <= now_ns:
-            delivery, _, destination, packet = heapq.heappop(heap)
-            due.append((delivery, destination, packet))
+            entry = heapq.heappop(heap)
+            if len(entry) == 4:
+                delivery, _, destination, packet = entry
+                due.append((delivery, destination, packet))
+                continue
+            # arrived at the receiver's NIC in: its first bit came `serialized` ns before its last
+            arrived, _, destination, packet, nic, wire_bytes, serialized = entry
+            start = nic.admit(arrived - serialized, wire_bytes)
+            if start is None:
+                continue
+            done = max(arrived, start + wire_bytes * nic.ns_per_byte)
+            nic.busy_until_ns = done
+            nic.packets += 1
+            nic.bytes += wire_bytes
+            self._sequence += 1
+            heapq.heappush(heap, (done, self._sequence, destination, packet))
         return due
 
     @property
     def deliveries(self) -> list:
-        """The pending deliveries, a heap of (delivery_ns, sequence, destination, packet): the list
+        """The pending deliveries, a heap of (delivery_ns, sequence, destination, packet) (and, for
+        a packet still to pass its receiver's NIC in, (arrival_ns, sequence, destination, packet,
+        nic, wire_bytes, serialized_ns), which pop_due turns into a delivery): the list
         itself, for a hot loop's read-only peeks at ``deliveries[0][0]`` without a call per
         packet; only :meth:`offer` and :meth:`pop_due` change it."""
         return self._heap
@@ -181,3 +289,7 @@ class Scheduler:
     def counters(self) -> dict:
         """Counters of every pair, keyed by str(key)."""
         return {str(key): link.counters() for key, link in self.pairs.items()}
+
+    def nic_counters(self) -> dict:
+        """Counters of every node's NIC, keyed by str(node): {"out": {...}, "in": {...}}."""
+        return {str(node): {"out": nic.out.counters(), "in": nic.into.counters()} for node, nic in self.nics.items()}

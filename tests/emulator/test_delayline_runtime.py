@@ -108,3 +108,56 @@ def test_backend_refuses_foreign_pids_and_reads_counters(plan, tmp_path, monkeyp
     backend.folder.mkdir(parents=True)
     backend.counters_path.write_text(json.dumps({"pairs": [{"src": "aa-0", "dst": "bb-0", "packets": 3}]}))
     assert backend.counters() == [{"src": "aa-0", "dst": "bb-0", "packets": 3}]
+
+
+def test_two_senders_into_one_node_share_its_nic_in(monkeypatch, tmp_path):
+    """cc's NIC is 8 Mbit/s (1 byte per us), each pair 100 Mbit/s: 20 frames of 1,120 bytes from
+    aa and 20 from bb all pass cc's NIC, so the last reaches cc no sooner than 40 x 1,120 us after
+    the first was sent (alone, each sender's 20 would take 1.8 ms on its pair); the counters file
+    shows the NIC's packets. A lower bound only: a loaded machine can only make it later."""
+    monkeypatch.setenv("WANBENCH_PREFIX", "wbtunn")
+    plan = make_plan(topology_from_dict({
+        "name": "rtn", "address_pool": "10.217.1.0/24",
+        "regions": {"aa": {"nodes": 1}, "bb": {"nodes": 1}, "cc": {"nodes": 1, "nic": {"rate": "8Mbit"}}},
+        "defaults": {"delay": "1ms", "rate": "100Mbit"},
+    }))
+    counters = tmp_path / "counters.json"
+    line = DelayLine(plan, counters_path=counters, realtime_priority=0, counters_interval_s=0.05)
+    pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in plan.nodes]
+    for ours, _ in pairs:
+        ours.setblocking(False)
+    line.fds = [ours.fileno() for ours, _ in pairs]
+    aa, bb, cc = (theirs for _, theirs in pairs)
+    frames, took_ms = 20, []
+    ready = threading.Event()
+
+    def traffic():
+        try:
+            assert ready.wait(10)
+            cc.settimeout(5)
+            to_cc = frame_to(plan.node("cc-0").address, b"x" * 1100)
+            sent_ns = time.monotonic_ns()
+            for _ in range(frames):
+                aa.send(to_cc)
+                bb.send(to_cc)
+            for _ in range(2 * frames):
+                cc.recv(70_000)
+            took_ms.append((time.monotonic_ns() - sent_ns) / 1e6)
+            time.sleep(0.2)
+        finally:
+            line.request_stop()
+
+    worker = threading.Thread(target=traffic)
+    worker.start()
+    try:
+        line.run(on_ready=ready.set)
+    finally:
+        worker.join()
+        for ours, theirs in pairs:
+            ours.close()
+            theirs.close()
+
+    assert took_ms and took_ms[0] >= 2 * frames * 1120 / 1000 + 1.0   # 44.8 ms of NIC + the delay
+    status = json.loads(counters.read_text())
+    assert status["nics"]["cc-0"]["in"]["packets"] == 2 * frames
+    assert sorted(status["nics"]) == ["cc-0"]   # aa's and bb's 10 Gbit/s NICs cannot bind: not built

@@ -189,3 +189,105 @@ def test_lowering_the_delay_in_flight_never_reorders():
     assert scheduler.offer("ab", "second", "b", 1500, now_ns=1_000_000)
     order = [packet for _, _, packet in scheduler.pop_due(10**12)]
     assert order == ["first", "second"]
+
+
+# --- each node's NIC, shared by its pairs (chosen times; 8 Mbit/s is 1 byte per us) ---------------
+
+US = 1_000
+
+
+def with_nics(nic_bit_s: float, pair_bit_s: float, delay_ms: float = 1.0, nic_queue: int = 1 << 20,
+              nodes=("a", "b", "c")) -> Scheduler:
+    """Every ordered pair of `nodes`, keyed "a>b", each node with a NIC of `nic_bit_s` each way."""
+    scheduler = Scheduler()
+    for node in nodes:
+        scheduler.add_nic(node, nic_bit_s, nic_queue)
+    for src in nodes:
+        for dst in nodes:
+            if src != dst:
+                scheduler.add_pair(f"{src}>{dst}", LinkSpec(one_way_delay_ms=delay_ms, rate_bit_s=pair_bit_s,
+                                                            queue_bytes=1 << 20), src, dst)
+    return scheduler
+
+
+def test_a_node_s_sends_to_two_peers_share_its_nic_out():
+    scheduler = with_nics(nic_bit_s=8e6, pair_bit_s=80e6)   # NIC 1 byte/us, each pair 10
+    assert scheduler.offer("a>b", "to b", "B", wire_bytes=1000, now_ns=0)
+    assert scheduler.offer("a>c", "to c", "C", wire_bytes=1000, now_ns=0)
+    # the NIC sends them one after the other: 1000 us each; each pair's own 100 us is hidden
+    assert scheduler.pop_due(math.inf) == [(pytest.approx(1000 * US + 1 * MS), "B", "to b"),
+                                           (pytest.approx(2000 * US + 1 * MS), "C", "to c")]
+    assert scheduler.nics["a"].out.bytes == 2000
+
+
+def test_a_packet_alone_goes_at_the_slower_of_nic_and_pair_never_serialized_twice():
+    fast_nic = with_nics(nic_bit_s=80e6, pair_bit_s=8e6)
+    assert fast_nic.offer("a>b", "p", "B", wire_bytes=1000, now_ns=0)
+    assert fast_nic.pop_due(math.inf) == [(pytest.approx(1000 * US + 1 * MS), "B", "p")]
+    slow_nic = with_nics(nic_bit_s=8e6, pair_bit_s=80e6)
+    assert slow_nic.offer("a>b", "p", "B", wire_bytes=1000, now_ns=0)
+    assert slow_nic.pop_due(math.inf) == [(pytest.approx(1000 * US + 1 * MS), "B", "p")]
+
+
+def test_two_senders_into_one_receiver_share_its_nic_in_in_arrival_order():
+    scheduler = with_nics(nic_bit_s=8e6, pair_bit_s=80e6, delay_ms=1.0)
+    assert scheduler.offer("a>c", "from a", "C", wire_bytes=1000, now_ns=0)
+    assert scheduler.offer("b>c", "from b", "C", wire_bytes=1000, now_ns=0)
+    # each sender's NIC out passes its packet in 1000 us, both reach c at 2000 us (1 ms later);
+    # c's NIC in takes them one after the other: the second ends 1000 us after the first
+    first_end = 1000 * US + 1 * MS
+    assert scheduler.pop_due(first_end - 1) == []
+    assert scheduler.pop_due(math.inf) == [(pytest.approx(first_end), "C", "from a"),
+                                           (pytest.approx(first_end + 1000 * US), "C", "from b")]
+    assert scheduler.nics["c"].into.packets == 2 and scheduler.pending() == 0
+
+
+def test_the_receiving_nic_takes_packets_as_they_arrive_not_as_they_were_sent():
+    scheduler = Scheduler()
+    for node in "abc":
+        scheduler.add_nic(node, 8e6, 1 << 20)
+    scheduler.add_pair("a>c", LinkSpec(one_way_delay_ms=50.0, rate_bit_s=80e6, queue_bytes=1 << 20), "a", "c")
+    scheduler.add_pair("b>c", LinkSpec(one_way_delay_ms=1.0, rate_bit_s=80e6, queue_bytes=1 << 20), "b", "c")
+    assert scheduler.offer("a>c", "far", "C", wire_bytes=1000, now_ns=0)       # sent first, arrives late
+    assert scheduler.offer("b>c", "near", "C", wire_bytes=1000, now_ns=1 * MS)
+    assert scheduler.pop_due(math.inf) == [(pytest.approx(2 * MS + 1 * MS), "C", "near"),
+                                           (pytest.approx(1 * MS + 50 * MS), "C", "far")]
+
+
+def test_a_full_nic_queue_drops_and_counts():
+    scheduler = with_nics(nic_bit_s=8e6, pair_bit_s=80e6, nic_queue=3000)
+    sent = [scheduler.offer("a>b" if i % 2 else "a>c", i, "X", wire_bytes=1000, now_ns=0) for i in range(4)]
+    # the queue counts the bytes not yet sent, the one on the wire included: 3 x 1000 fit, the 4th not
+    assert sent == [True, True, True, False]
+    out = scheduler.nics["a"].out.counters()
+    assert out["drops_queue"] == 1 and out["dropped_bytes"] == 1000 and out["packets"] == 3
+    assert scheduler.nic_counters()["a"]["out"] == out
+
+
+def test_a_lone_packet_through_a_receiver_nic_slower_than_its_pair_takes_the_nic_s_time():
+    scheduler = Scheduler()
+    scheduler.add_nic("b", 8e6, 1 << 20)      # only the receiver has a NIC: 1 byte/us
+    scheduler.add_pair("a>b", LinkSpec(one_way_delay_ms=1.0, rate_bit_s=80e6, queue_bytes=1 << 20), "a", "b")
+    assert scheduler.offer("a>b", "p", "B", wire_bytes=1000, now_ns=0)
+    # the pair sends it in 100 us; its first bit reaches b's NIC 1 ms after it left, which needs 1000 us
+    assert scheduler.pop_due(math.inf) == [(pytest.approx(1 * MS + 1000 * US), "B", "p")]
+
+
+def test_without_nics_a_pair_is_as_before():
+    plain, nicless = Scheduler(), Scheduler()
+    spec = LinkSpec(one_way_delay_ms=1.0, rate_bit_s=8e6, queue_bytes=1 << 20)
+    plain.add_pair("a>b", spec)
+    nicless.add_pair("a>b", spec, "a", "b")   # nodes named, none with a NIC
+    for scheduler in (plain, nicless):
+        for i in range(3):
+            scheduler.offer("a>b", i, "B", wire_bytes=500, now_ns=i * 100 * US)
+    assert plain.pop_due(math.inf) == nicless.pop_due(math.inf)
+
+
+def test_a_nic_added_twice_or_with_no_rate_is_refused():
+    scheduler = Scheduler()
+    scheduler.add_nic("a", 1e9, 1 << 20)
+    with pytest.raises(ValueError, match="added twice"):
+        scheduler.add_nic("a", 1e9, 1 << 20)
+    with pytest.raises(ValueError, match="rate_bit_s must be > 0"):
+        scheduler.add_nic("b", 0.0, 1 << 20)

@@ -174,3 +174,39 @@ def test_a_failing_batch_line_is_named_as_a_full_command(monkeypatch):
         tc.run_batch("tc", "wbt-x-0", cmds)
     assert str(err.value) == ("tc -n wbt-x-0 qdisc add dev eth0 parent 1:a netem delay 5ms: "
                               "Error: Specified qdisc kind is unknown.")
+
+
+def test_a_nic_that_can_bind_is_the_parent_of_the_pairs_classes(monkeypatch):
+    """y's NIC of 50 Mbit/s is less than its pairs' rates (100 + 10 out, 100 + 20 in): on the
+    receiver's port one class 1:2 at the NIC's rate, each source's class under it, guaranteed the
+    NIC's share (25 Mbit/s, or its pair's rate if lower) and borrowing up to its pair's rate; on
+    y's eth0 the same over its destinations' netem classes, each borrowing up to the NIC. x and z
+    keep the tree without NICs (10 Gbit/s each, more than their pairs)."""
+    monkeypatch.setenv("WANBENCH_PREFIX", "wbt")
+    doc = {**THREE_NODES, "regions": {**THREE_NODES["regions"], "y": {"nodes": 1, "nic": {"rate": "50Mbit"}}}}
+    plan = make_plan(topology_from_dict(doc))
+    big = "htb rate 100Gbit ceil 100Gbit burst 12500000 cburst 12500000 quantum 65536"
+    core = [" ".join(cmd) for cmd in tc.bottleneck_stage(plan, plan.node("y-0"), "wbtv1")]
+    assert core[:3] == [
+        "qdisc add dev wbtv1 root handle 1: htb default 1",
+        f"class add dev wbtv1 parent 1: classid 1:1 {big}",
+        "class add dev wbtv1 parent 1: classid 1:2 htb rate 50Mbit ceil 50Mbit burst 6250 cburst 6250 quantum 65536",
+    ]
+    assert core[3] == ("class add dev wbtv1 parent 1:2 classid 1:a htb rate 25Mbit ceil 100Mbit "
+                       "burst 3125 cburst 12500 quantum 65536")
+    assert core[6] == ("class add dev wbtv1 parent 1:2 classid 1:c htb rate 20Mbit ceil 20Mbit "
+                       "burst 3028 cburst 3028 quantum 65536")
+    # the filters still classify at the root; the leaves are the same bfifo queues
+    assert core[5].startswith("filter add dev wbtv1 parent 1: ") and core[4].startswith("qdisc add dev wbtv1 parent 1:a ")
+    out = [" ".join(cmd) for cmd in tc.delay_stage(plan, plan.node("y-0"))]
+    assert out[2] == "class add dev eth0 parent 1: classid 1:2 htb rate 50Mbit ceil 50Mbit burst 6250 cburst 6250 quantum 65536"
+    assert out[3] == "class add dev eth0 parent 1:2 classid 1:a htb rate 25Mbit ceil 50Mbit burst 3125 cburst 6250 quantum 65536"
+    assert "qdisc add dev eth0 parent 1:a handle a: netem delay 10ms limit" in out[4]
+    # a fault's class change keeps the class under the NIC
+    change = [" ".join(c) for c in tc.change_commands(plan, plan.node("x-0"), plan.node("y-0"), None)]
+    assert change[1] == ("tc -n wbt-core class change dev wbtv1 parent 1:2 classid 1:a htb rate 25Mbit ceil 100Mbit "
+                         "burst 3125 cburst 12500 quantum 65536")
+    # x (10 Gbit/s NIC, pairs of 100 Mbit/s + 1 Gbit/s): no NIC class
+    assert not any("1:2" in " ".join(cmd) for cmd in tc.delay_stage(plan, plan.node("x-0")))
+    assert tc.binding_nic(10e9, [1e9, 100e6]) is None and tc.binding_nic(None, [1e12]) is None
+    assert tc.binding_nic(50e6, [100e6]) == 50e6

@@ -81,6 +81,11 @@ def test_shipped_topologies_load():
     (("jitter: 1ms", "jitter: 20ms"), "links[2]", "jitter 20ms larger than the one-way delay"),
     (("name: three", "name: three\naddress_pool: 8.8.0.0/16"), "address_pool", "not a private range"),
     (("rtt: 20ms}", "rtt: 20ms, delay: 10ms}"), "links[0]", "either rtt or delay"),
+    (("name: three", "name: three\nnic: {rate: 10}"), "nic.rate", "needs a unit"),
+    (("name: three", "name: three\nnic: {rate: 200Gbit}"), "nic.rate", "out of range"),
+    (("name: three", "name: three\nnic: 10Gbit"), "nic", "valid dictionary"),
+    (("name: three", "name: three\nnic: {rate: 10Gbit, duplex: half}"), "nic.duplex", "unknown field"),
+    (("b: {nodes: 2}", "b: {nodes: 2, nic: {rate: fast}}"), "regions.b.nic.rate", "expected a rate"),
 ])
 def test_schema_errors_name_file_and_field(write_yaml, change, field, words):
     path = write_yaml(THREE.replace(*change))
@@ -139,3 +144,40 @@ def test_defaults_with_a_delay_cover_unlisted_pairs(write_yaml):
     topo = load_topology(path)
     assert topo.link("a", "b").one_way_delay_ms == 5.0
     assert topo.link("c", "a").one_way_delay_ms == 1.0 and topo.link("b", "c").rate_bit_s == 50e6
+
+
+def test_every_node_has_a_nic_each_way_the_default_a_region_can_override(write_yaml):
+    from emulator.plan import make_plan
+    from emulator.topology import DEFAULT_NIC_RATE_BIT_S
+
+    default = load_topology(write_yaml(THREE))
+    assert DEFAULT_NIC_RATE_BIT_S == 10e9
+    assert default.nic_rate_bit_s == {"a": 10e9, "b": 10e9, "c": 10e9}
+    topo = load_topology(write_yaml(THREE.replace("name: three", "name: three\nnic: {rate: 25Gbit}").replace(
+        "b: {nodes: 2}", "b: {nodes: 2, nic: {rate: 1Gbit}}")))
+    assert topo.nic_rate_bit_s == {"a": 25e9, "b": 1e9, "c": 25e9}
+    plan = make_plan(topo)
+    assert [n.nic_rate_bit_s for n in plan.nodes] == [25e9, 1e9, 1e9, 25e9]
+    # plain data: the plan's JSON carries it and reads back; a dilated plan slows the NIC as its links
+    assert type(plan).from_json(plan.to_json()) == plan
+    slowed = make_plan(topo, time_dilation=4.0)
+    assert [n.nic_rate_bit_s for n in slowed.nodes] == [6.25e9, 0.25e9, 0.25e9, 6.25e9]
+    assert slowed.emulated_nic_bit_s(slowed.nodes[1]) == 1e9
+    assert topo.with_nic(2e9).nic_rate_bit_s == {"a": 2e9, "b": 2e9, "c": 2e9}
+    # a NIC binds where its pairs' rates sum to more: b's 1 Gbit/s under its 10 Gbit/s intra-region
+    # pair, not a's or c's 25 Gbit/s (a: 2 x 100 Mbit/s to b + 50 to c)
+    assert [n.name for n in plan.nodes if plan.nic_can_bind(n)] == ["b-0", "b-1"]
+    tight = make_plan(topo.with_nic(250e6))   # a: exactly 250 out and in: cannot pass it
+    assert [n.name for n in tight.nodes if tight.nic_can_bind(n)] == ["b-0", "b-1"]
+    tighter = make_plan(topo.with_nic(249e6))
+    assert [n.name for n in tighter.nodes if tighter.nic_can_bind(n)] == ["a-0", "b-0", "b-1", "c-0"]
+
+
+def test_a_plan_written_before_nodes_had_nics_reads_as_no_nic(write_yaml):
+    import json
+    from emulator.plan import Plan, make_plan
+
+    data = json.loads(make_plan(load_topology(write_yaml(THREE))).to_json())
+    for node in data["nodes"]:
+        del node["nic_rate_bit_s"]
+    assert all(n.nic_rate_bit_s is None for n in Plan.from_json(json.dumps(data)).nodes)

@@ -180,3 +180,29 @@ def test_the_environment_sets_the_limit_or_turns_the_shortcut_off(monkeypatch):
         monkeypatch.setenv(tun_shortcut.ENV_VAR, bad)
         with pytest.raises(ConfigError, match=tun_shortcut.ENV_VAR):
             tun_shortcut.limit_from_environment(0.2)
+
+
+def test_the_shortcut_s_pairs_share_their_nodes_nics_in_the_kernel():
+    """Three peers at 1 Gbit/s each behind NICs of 1.5 Gbit/s: each receiver's port gets the NIC
+    class over its sources, each sender's lan0 one class at its NIC; at the default 10 Gbit/s NIC
+    (more than two 1 Gbit/s peers) neither."""
+    doc = {"name": "shortcut-nic", "address_pool": POOL, "nic": {"rate": "1.5Gbit"},
+           "regions": {"aa": {"nodes": 3}, "bb": {"nodes": 1}},
+           "intra_region": {"rtt": "0.1ms", "rate": "1Gbit"},
+           "links": [{"between": ["aa", "bb"], "rtt": "20ms", "rate": "100Mbit"}]}
+    plan = make_plan(topology_from_dict(doc, source="<test>"))
+    pairs = tun_shortcut.shortcut_pairs(plan, 0.2)
+    a0, a1 = plan.node("aa-0"), plan.node("aa-1")
+    port1 = f"{plan.prefix}v{a1.rank}"
+    on_port1 = [" ".join(cmd) for cmd in tun_shortcut.tc_batch(plan, pairs) if cmd[3] == port1]
+    assert f"class add dev {port1} parent 1: classid 1:2 htb rate 1.5Gbit ceil 1.5Gbit burst 187500 cburst 187500 quantum 65536" in on_port1
+    assert f"class add dev {port1} parent 1:2 classid 1:a htb rate 750Mbit ceil 1Gbit burst 93750 cburst 125000 quantum 65536" in on_port1
+    lan = dict(tun_shortcut.nic_batches(plan, pairs))
+    assert lan[a0.namespace] == [
+        ["qdisc", "add", "dev", "lan0", "root", "handle", "1:", "htb", "default", "1"],
+        ["class", "add", "dev", "lan0", "parent", "1:", "classid", "1:1", "htb", "rate", "1.5Gbit", "ceil", "1.5Gbit",
+         "burst", "187500", "cburst", "187500", "quantum", "65536"]]
+    assert sorted(lan) == sorted(n.namespace for n in plan.nodes if n.region == "aa")
+    default = make_plan(_topology(nodes_aa=3))
+    assert tun_shortcut.nic_batches(default, tun_shortcut.shortcut_pairs(default, 0.2)) == []
+    assert not any("1:2" in cmd for cmd in tun_shortcut.tc_batch(default, tun_shortcut.shortcut_pairs(default, 0.2)))

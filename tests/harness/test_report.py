@@ -528,3 +528,19 @@ def test_a_parameter_servers_network_is_compared_at_the_point_its_job_json_names
     summary = load_results([run_dir]).summary.set_index("label")
     assert summary.loc["async_ps", "mean_rtt_ms"] == pytest.approx(100.0)
     assert summary.loc["async_ps", "servers"] == 1 and summary.loc["async_ps", "workers"] == 2
+
+
+def test_the_sim_sentence_names_the_nic_in_force():
+    from types import SimpleNamespace
+
+    from harness.report import sim_sentence
+
+    def sentence(sim):
+        return sim_sentence(SimpleNamespace(sim=sim, environment={"backend": "sim"}))
+
+    assert "; NIC 1000 Mbit/s per node" in sentence({"nic_rate_bit_s": 1e9})   # sim.nic, as before
+    assert "NIC 10000 Mbit/s per node each way (the topology's)" in sentence(
+        {"nic_rate_bit_s": None, "topology_nic_rate_bit_s": {"a": 10e9, "b": 10e9}})
+    assert "(the topology's: a 10000, b 1000)" in sentence(
+        {"nic_rate_bit_s": None, "topology_nic_rate_bit_s": {"a": 10e9, "b": 1e9}})
+    assert "no NIC limit" in sentence({"nic_rate_bit_s": None})   # a run from before nodes had NICs

@@ -136,3 +136,17 @@ def test_the_cifar_workload_scenario_falls_back_to_generated_data_and_chooses_k_
     config = scenario.jobs[0].trainer_config
     assert config["model"]["name"] == "resnet20" and config["batch_size"] == 64
     assert config["dataset"]["name"] == "cifar10" and config["dataset"]["params"] == {"fallback": "generated"}
+
+
+def test_a_scenario_s_nic_replaces_the_topology_s_on_every_node(write_yaml):
+    scenario = load_scenario(write_yaml(SCENARIO + "nic: {rate: 20Mbit}\n", "s.yaml"))
+    plan = make_plan(scenario.topology_for(scenario.network_points()[0]))
+    assert {node.nic_rate_bit_s for node in plan.nodes} == {20e6}
+    assert scenario.spec.model_dump()["nic"] == {"rate": 20e6}
+    plain = load_scenario(write_yaml(SCENARIO, "p.yaml"))
+    assert "nic" not in plain.spec.model_dump()   # scenario.json as before NICs, when none is named
+    assert {n.nic_rate_bit_s for n in make_plan(plain.topology_for(plain.network_points()[0])).nodes} == {10e9}
+    for bad, field in (("nic: {rate: 20}", "nic.rate"), ("nic: {speed: 1Gbit}", "nic")):
+        with pytest.raises(ConfigError) as info:
+            load_scenario(write_yaml(SCENARIO + bad + "\n", "b.yaml"))
+        assert f"b.yaml: {field}" in str(info.value) and "\n" not in str(info.value), str(info.value)

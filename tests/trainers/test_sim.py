@@ -16,12 +16,12 @@ from trainers.sim import ComputeModel, Deadlock, SimClock, SimComm, Simulator, l
 MB = 1e6
 
 
-def network(n, latency_s=0.05, rate_bytes=125e6):
+def network(n, latency_s=0.05, rate_bytes=125e6, nic=None):
     lat = np.full((n, n), latency_s)
     np.fill_diagonal(lat, 0.0)
     return FluidNetwork(latency_s=lat, rate=np.full((n, n), rate_bytes), jitter_s=np.zeros((n, n)),
                         loss=np.zeros((n, n)), tcp_window=1e12, region_of=tuple(f"r{i}" for i in range(n)),
-                        tcp=False)  # the fluid and the rendezvous alone (TCP's own terms: test_simnet)
+                        tcp=False, nic=nic)  # the fluid and the rendezvous alone (TCP's own terms: test_simnet)
 
 
 def simulate(n, body, net=None):
@@ -109,6 +109,43 @@ def test_sync_step_is_compute_plus_the_exchange(tmp_path):
     # one bucket: launched when the whole backward is done, so all of the exchange is waited for
     assert statistics.mean(r["comm_blocked_s"] for r in steps[2:]) == pytest.approx(exchange, rel=0.02)
     assert steps[0]["compute_unpadded_s"] == pytest.approx(0.010)
+
+
+@pytest.mark.parametrize("n", [4, 16, 64])
+def test_sync_step_grows_with_the_nodes_as_n_minus_1_copies_through_each_nic(tmp_path, n):
+    """The direct exchange puts n - 1 copies of the gradients through every NIC each way: with a
+    NIC of 10 MB/s (below every pair's 125 MB/s) sync's step is compute + a round trip +
+    (n - 1) x bytes / NIC, 4 to 64 nodes."""
+    cfg = config(tmp_path, f"sync{n}", steps=8)
+    nic = 10 * MB
+    run_simulated(cfg, n, network(n, 0.05, 125e6, nic=nic), ComputeModel(0.010, 0.002))
+    steps = records(tmp_path / f"sync{n}", 0, "step")
+    nbytes = 4 * sum(p.numel() for p in torch.nn.Linear(64, 32).parameters()) + 4 * (32 * 10 + 10)
+    per_step = (steps[-1]["time_s"] - steps[1]["time_s"]) / (len(steps) - 2)
+    assert per_step == pytest.approx(0.010 + 2 * 0.05 + (n - 1) * nbytes / nic + 0.002, rel=1e-3)
+
+
+def test_the_nic_s_share_of_each_collective_against_its_closed_form():
+    """Ring all-reduce: 2(n-1) steps, each a round trip (notice, chunk) plus nbytes/n through the
+    NIC (one message out and one in per NIC); broadcast: the root's NIC carries n - 1 copies;
+    recursive doubling: log2 n rounds of a round trip plus the whole tensor through the NIC."""
+    from trainers.sim import collectives
+
+    lat, nbytes, nic = 0.05, 1 * MB, 10 * MB
+    for n in (4, 8, 16, 64):
+        net = network(n, lat, 125e6, nic=nic)
+        entered = np.zeros(n)
+        ring = collectives.ring_allreduce(entered, net, nbytes)
+        assert ring == pytest.approx(np.full(n, 2 * (n - 1) * (2 * lat + nbytes / n / nic)))
+        direct = collectives.direct(entered, net, nbytes)
+        assert direct == pytest.approx(np.full(n, 2 * lat + (n - 1) * nbytes / nic))
+        root = collectives.broadcast(entered, net, nbytes, 0)
+        assert root[1:] == pytest.approx(np.full(n - 1, 2 * lat + (n - 1) * nbytes / nic))
+        doubling = collectives.recursive_doubling(entered, net, nbytes)
+        assert doubling == pytest.approx(np.full(n, np.log2(n) * (2 * lat + nbytes / nic)))
+    # without a NIC the same exchange is the pair's rate alone, whatever the node count
+    assert collectives.direct(np.zeros(64), network(64, lat, 125e6), nbytes) == pytest.approx(
+        np.full(64, 2 * lat + nbytes / 125e6))
 
 
 def test_same_seed_same_records(tmp_path):

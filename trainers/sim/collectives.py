@@ -9,9 +9,15 @@ sender has both posted it and heard that the receiver posted its receive, i.e. f
 Each model walks the algorithm's steps with vectors over ranks (a step of rank r can start when r
 finished its previous one and its peer's message of this step has arrived), so its cost is
 O(steps x ranks) numpy work, not one event per message: a ring all-reduce over 1,024 ranks is
-2,046 vector steps. The messages of a collective do not take part in the fluid network's sharing
-(the flows of point-to-point traffic do): a collective is charged its bytes at each pair's
-single-flow rate, and a NIC, when the network has one, divided among a rank's concurrent sends.
+2,046 vector steps.
+
+Each node's NIC (the network's ``nic``, each way) is shared by a collective's messages as the
+fluid network shares it among point-to-point flows (:meth:`FluidNetwork.shared_rate`): a message
+moves at the least of its connection's cap, its sender's NIC out divided among the messages that
+sender has in flight at once, and its receiver's NIC in divided likewise. So a direct exchange of
+n ranks puts n - 1 copies of the tensor through every NIC each way, a ring one chunk at a time.
+What is not shared: a collective's messages with the point-to-point flows or other collectives
+in flight at the same time (each collective is charged as if it had the NICs to itself).
 """
 
 from __future__ import annotations
@@ -19,13 +25,9 @@ from __future__ import annotations
 import numpy as np
 
 
-def _rates(network) -> tuple[np.ndarray, np.ndarray, float | None]:
-    return network.latency_s, network.effective_rate(), getattr(network, "nic", None)
-
-
 def _ring(entered: np.ndarray, network, chunk_bytes: float, steps: int) -> np.ndarray:
-    lat, rate, _ = _rates(network)
     n = len(entered)
+    lat, rate = network.latency_s, network.shared_rate(np.ones(n), np.ones(n))  # one message each way
     ranks = np.arange(n)
     left, right = (ranks - 1) % n, (ranks + 1) % n
     with np.errstate(divide="ignore"):
@@ -65,13 +67,11 @@ def direct_allgather(entered: np.ndarray, network, nbytes: float) -> np.ndarray:
 def direct(entered: np.ndarray, network, nbytes: float) -> np.ndarray:
     """Every rank sends its tensor to every other at once (the direct exchange; with 0 bytes, a
     barrier): a rank is done when its sends are out and every peer's tensor has arrived."""
-    lat, rate, nic = _rates(network)
     n = len(entered)
     if n == 1:
         return entered.copy()
-    share = rate.copy()
-    if nic is not None:
-        share = np.minimum(share, nic / (n - 1))  # a sender's n-1 flows share its NIC
+    lat = network.latency_s
+    share = network.shared_rate(np.full(n, n - 1), np.full(n, n - 1))  # n-1 out and n-1 in per NIC
     with np.errstate(divide="ignore", invalid="ignore"):
         transfer = np.where(nbytes > 0, nbytes / share, 0.0)
     np.fill_diagonal(transfer, 0.0)
@@ -88,8 +88,8 @@ def direct(entered: np.ndarray, network, nbytes: float) -> np.ndarray:
 def recursive_doubling(entered: np.ndarray, network, nbytes: float) -> np.ndarray:
     """log2(n) rounds of whole-tensor exchange with rank ^ 2^k; extra ranks fold in first and get
     the result back at the end (trainers/comm/allreduce.py ``recursive_doubling``)."""
-    lat, rate, _ = _rates(network)
     n = len(entered)
+    lat, rate = network.latency_s, network.shared_rate(np.ones(n), np.ones(n))  # one partner per round
     done = entered.astype(float).copy()
     if n == 1:
         return done
@@ -117,13 +117,13 @@ def recursive_doubling(entered: np.ndarray, network, nbytes: float) -> np.ndarra
 
 def broadcast(entered: np.ndarray, network, nbytes: float, src: int) -> np.ndarray:
     """A flat root: ``src`` sends the tensor to every other rank at once."""
-    lat, rate, nic = _rates(network)
     n = len(entered)
     if n == 1:
         return entered.copy()
-    share = rate[src].copy()
-    if nic is not None:
-        share = np.minimum(share, nic / (n - 1))
+    lat = network.latency_s
+    fan_out = np.zeros(n)
+    fan_out[src] = n - 1                       # the root's n-1 sends share its NIC out
+    share = network.shared_rate(fan_out, np.ones(n))[src]
     with np.errstate(divide="ignore", invalid="ignore"):
         transfer = np.where(nbytes > 0, nbytes / share, 0.0)
     transfer[src] = 0.0
