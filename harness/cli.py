@@ -248,13 +248,36 @@ def cmd_run(args) -> int:
                       key=lambda f: (not f.name.startswith("progress-"), f.name))
     stderr_console().print(f"report: {outcome.markdown}; figures: {', '.join(str(f) for f in progress[:3])}"
                      + (" ..." if len(progress) > 3 else ""))
-    failed = completed.summary[completed.summary["status"] != "ok"]
+    code, lines = run_exit_code(completed.summary)
+    for line in lines:
+        print(line, file=sys.stderr)
+    return code
+
+
+def run_exit_code(summary) -> tuple[int, list[str]]:
+    """`wanbench run`'s exit code for a run's summary (0, or EXIT_JOB_FAILED when a job did not
+    end ok) and the lines that say which. A tuning candidate that diverged or timed out is an
+    outcome of tuning (tuning.json scores it, the pick skips it), not a failed run: said, but the
+    exit code is the reported jobs' alone."""
+    from .tuning import is_tuning
+
+    not_ok = summary["status"] != "ok"
+    lines = []
+    if "phase" in summary:
+        tuning = summary["phase"].map(is_tuning).astype(bool)
+        dropped = summary[not_ok & tuning]
+        if len(dropped):
+            lines.append(f"wanbench: {len(dropped)} tuning candidate(s) did not end ok (never picked): "
+                         + ", ".join(f"{r['label']} ({r['tuned']}) at {r['network']} ({r['status']})"
+                                     for r in dropped.to_dict("records")))
+        not_ok = not_ok & ~tuning
+    failed = summary[not_ok]
     if len(failed):
-        print(f"wanbench: {len(failed)} of {len(completed.summary)} jobs did not end ok: "
-              + ", ".join(f"{r['label']} seed {r['seed']} at {r['network']} ({r['status']})"
-                          for r in failed.to_dict("records")), file=sys.stderr)
-        return EXIT_JOB_FAILED
-    return 0
+        lines.append(f"wanbench: {len(failed)} of {len(summary)} jobs did not end ok: "
+                     + ", ".join(f"{r['label']} seed {r['seed']} at {r['network']} ({r['status']})"
+                                 for r in failed.to_dict("records")))
+        return EXIT_JOB_FAILED, lines
+    return 0, lines
 
 
 def cmd_shape(args) -> int:

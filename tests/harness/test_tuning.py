@@ -297,3 +297,23 @@ def test_the_report_states_the_protocol_and_leaves_the_tuning_jobs_out_of_its_ta
     assert sorted(summary["phase"]) == ["reported", "reported", "tuning"]
     assert "sync-lr0.1" not in set(outcome.results.comparable()["label"])
     assert "sync-lr0.1" not in set(outcome.results.steps["label"])
+
+
+def test_a_failed_tuning_candidate_is_said_but_only_a_reported_job_fails_the_run():
+    from harness.cli import EXIT_JOB_FAILED, run_exit_code
+
+    rows = [
+        {"network": "delay1", "label": "sync", "seed": 0, "phase": "tuning", "tuned": "lr=0.3", "status": "failed"},
+        {"network": "delay1", "label": "sync", "seed": 0, "phase": "tuning", "tuned": "lr=0.1", "status": "ok"},
+        {"network": "delay1", "label": "sync", "seed": 1, "phase": "reported", "tuned": "lr=0.1", "status": "ok"},
+    ]
+    code, lines = run_exit_code(pd.DataFrame(rows))
+    assert code == 0 and lines == ["wanbench: 1 tuning candidate(s) did not end ok (never picked): "
+                                   "sync (lr=0.3) at delay1 (failed)"]
+    rows[2]["status"] = "timeout"
+    code, lines = run_exit_code(pd.DataFrame(rows))
+    assert code == EXIT_JOB_FAILED and lines[-1] == "wanbench: 1 of 3 jobs did not end ok: sync seed 1 at delay1 (timeout)"
+    # a run without a tuning protocol: any job that did not end ok fails it, as before
+    code, lines = run_exit_code(pd.DataFrame([{k: v for k, v in r.items() if k != "phase"} for r in rows]))
+    assert code == EXIT_JOB_FAILED and lines == ["wanbench: 2 of 3 jobs did not end ok: sync seed 0 at delay1 (failed), "
+                                                 "sync seed 1 at delay1 (timeout)"]
