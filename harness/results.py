@@ -20,7 +20,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Iterable, Optional
 
 import pandas as pd
 
@@ -110,11 +110,24 @@ METRICS = {
 NOT_WORKLOAD_KEYS = ("algorithm", "seed", "output_dir", "comm")
 
 
-def workload_key(config: Optional[dict]) -> str:
-    """A short, stable hash of a trainer config's workload (NOT_WORKLOAD_KEYS left out); "" if unknown."""
+def workload_key(config: Optional[dict], tuned: Iterable[str] = ()) -> str:
+    """A short, stable hash of a trainer config's workload (NOT_WORKLOAD_KEYS left out); "" if unknown.
+
+    Args:
+        tuned: dotted keys a tuning protocol or sweep set for this job (``lr``,
+            ``optimizer.momentum``): left out too, so that a job is compared with the sync of its
+            workload at sync's own pick, not with whichever sync happens to share its lr.
+    """
     if not config:
         return ""
-    kept = {k: v for k, v in config.items() if k not in NOT_WORKLOAD_KEYS}
+    kept = json.loads(json.dumps({k: v for k, v in config.items() if k not in NOT_WORKLOAD_KEYS}))
+    for dotted in tuned:
+        *parents, last = dotted.split(".")
+        node = kept
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
     return hashlib.sha1(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:10]
 
 
@@ -308,7 +321,7 @@ def _load_job(job_dir: JobDir, run_backend: Optional[str]) -> _JobRows:
             "delay_scale": network.get("delay_scale"), "rate": network.get("rate"),
             "nodes": info.get("nodes")}
     base["network"] = job_dir.network_key
-    base["workload"] = workload_key(job_dir.config)
+    base["workload"] = workload_key(job_dir.config, tuned=(info.get("tuned") or {}).keys())
     job = {**base, "status": info.get("status"), "wall_s": info.get("wall_s"),
            "reason": info.get("reason", ""), "wire": job_dir.wire_bytes_by_rank,
            "server_ranks": list((info.get("params") or {}).get("server_ranks") or []),
@@ -811,11 +824,12 @@ def summary_table(table: pd.DataFrame, title: str):
 # ratios, never the ratio of two medians.
 SEED_COLUMNS = ("time_to_target_s", "speedup_vs_sync", "throughput_speedup_vs_sync", "steps_per_s",
                 "accuracy_delta_vs_sync", "final_accuracy", "first_sync_step", "syncs_before_target")
-# One group: a network point, an algorithm's label and its workload (a variant of the same label:
-# compute padded or not; a tuned lr), in one run where summaries of several runs are combined;
-# under a tuning protocol, its phase (a candidate on the tuning seed is never pooled with the
-# reported seeds at the pick, though both run the same lr).
-SEED_GROUP_KEYS = ("run", "network", "label", "workload", "phase")
+# One group: a network point, an algorithm's label, its workload (a variant of the same label:
+# compute padded or not) and its tuned values (a tuning candidate's or a sweep variant's lr), in
+# one run where summaries of several runs are combined; under a tuning protocol, its phase (a
+# candidate on the tuning seed is never pooled with the reported seeds at the pick, though both
+# run the same lr).
+SEED_GROUP_KEYS = ("run", "network", "label", "workload", "tuned", "phase")
 # A headline needs this many seeds (issue 21 §10); fewer is said next to it.
 MIN_SEEDS = 3
 SEED_STATS = ("n", "median", "min", "max")

@@ -317,3 +317,29 @@ def test_a_failed_tuning_candidate_is_said_but_only_a_reported_job_fails_the_run
     code, lines = run_exit_code(pd.DataFrame([{k: v for k, v in r.items() if k != "phase"} for r in rows]))
     assert code == EXIT_JOB_FAILED and lines == ["wanbench: 2 of 3 jobs did not end ok: sync seed 0 at delay1 (failed), "
                                                  "sync seed 1 at delay1 (timeout)"]
+
+
+def test_each_reported_job_is_compared_with_sync_of_its_own_workload_at_syncs_pick():
+    """Two workloads (light and heavy compute), each with a sync; the picks differ (sync-heavy took
+    its linear-scaling lr 0.2, eawild-heavy 0.1): eawild-heavy is compared with sync-heavy, not with
+    whichever sync shares its lr. The workload key leaves the tuned keys out."""
+    from harness.results import sync_reference, workload_key
+
+    light, heavy = {"lr": 0.1, "min_compute_s": None}, {"lr": 0.1, "min_compute_s": 0.05}
+    key = {name: workload_key({**config, "lr": lr}, tuned=["lr"])
+           for name, config, lr in (("light", light, 0.1), ("heavy", heavy, 0.2))}
+    assert key["light"] != key["heavy"]
+    assert workload_key({**heavy, "lr": 0.2}, tuned=["lr"]) == workload_key({**heavy, "lr": 0.1}, tuned=["lr"])
+    assert workload_key({**heavy, "lr": 0.2}) != workload_key({**heavy, "lr": 0.1})
+    nested = {"optimizer": {"momentum": 0.9, "name": "sgd"}, "lr": 0.1}
+    assert workload_key(nested, tuned=["optimizer.momentum"]) == workload_key(
+        {**nested, "optimizer": {"momentum": 0.5, "name": "sgd"}}, tuned=["optimizer.momentum"])
+    rows = pd.DataFrame([
+        {"algorithm": "sync", "label": "sync-light", "network": "d1", "seed": 1, "phase": "reported",
+         "workload": workload_key({**light, "lr": 0.1}, tuned=["lr"])},
+        {"algorithm": "sync", "label": "sync-heavy", "network": "d1", "seed": 1, "phase": "reported",
+         "workload": workload_key({**heavy, "lr": 0.2}, tuned=["lr"])},
+        {"algorithm": "eawild", "label": "eawild-heavy", "network": "d1", "seed": 1, "phase": "reported",
+         "workload": workload_key({**heavy, "lr": 0.1}, tuned=["lr"])},
+    ])
+    assert sync_reference(rows, rows.iloc[2])["label"] == "sync-heavy"
