@@ -85,8 +85,13 @@ def test_the_markdown_row_quotes_the_same_numbers(row):
         assert "not re-measured" in line, f"RESULTS' {row['paper']} row must say it is not re-measured"
         return
     assert "not re-measured" not in line
+    # each quoted number whole (not "85x" inside "185x"), and in table.yaml's order, so that two
+    # numbers swapped between jobs in the text fail too
+    position = 0
     for number in row["numbers"]:
-        assert number["text"] in line, f"RESULTS' {row['paper']} row does not quote {number['text']!r}"
+        found = re.compile(r"(?<![\d.])" + re.escape(number["text"]) + r"(?![\d])").search(line, position)
+        assert found, f"RESULTS' {row['paper']} row does not quote {number['text']!r} (after position {position})"
+        position = found.end()
     for evidence in {row["evidence"], *(n["evidence"] for n in row["numbers"] if "evidence" in n)}:
         assert f"results/papers/{evidence}" in line, f"RESULTS' {row['paper']} row does not name {evidence}"
 
