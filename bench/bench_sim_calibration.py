@@ -112,15 +112,20 @@ def run_scenario(text: str, name: str, backend: str) -> Path:
 
 def compute_model(run_dir: Path) -> dict:
     """The mean forward + backward and the mean rest of a step, over every rank's steps
-    (the first two steps of each rank left out: warm-up)."""
+    (the first two steps of each rank left out: warm-up). A padded job's padding (its config's
+    ``min_compute_s`` less the forward + backward) is not part of the rest: the sim half pads
+    those jobs itself, from the same scenario."""
     forward_backward, rest = [], []
     for path in sorted(run_dir.glob("**/rank*.jsonl")):
+        config_path = path.parent / "config.json"
+        padded_to = (json.loads(config_path.read_text()).get("min_compute_s") or 0.0) if config_path.exists() else 0.0
         steps = [r for r in read_complete_records(path) if r.get("kind") == "step"][2:]
         for record in steps:
             if record.get("compute_unpadded_s") is not None:
                 forward_backward.append(record["compute_unpadded_s"])
                 if record.get("compute_s") is not None:
-                    rest.append(max(0.0, record["compute_s"] - record["compute_unpadded_s"]))
+                    computed = max(record["compute_unpadded_s"], padded_to)
+                    rest.append(max(0.0, record["compute_s"] - computed))
     # means, not medians: the ranks share 2 cores on tun, and a step waits for its slowest rank, so
     # the tail of the compute times is part of what tun's steps cost
     return {"compute_s": statistics.fmean(forward_backward), "overhead_s": statistics.fmean(rest) if rest else 0.0,
