@@ -110,22 +110,30 @@ def run_scenario(text: str, name: str, backend: str) -> Path:
     return max((RUNS_ROOT / name).iterdir(), key=lambda p: p.stat().st_mtime)
 
 
+def _min_compute_s(job_dir: Path) -> float:
+    """The job's compute profile pad (``min_compute_s`` in its config.json; 0 without one)."""
+    try:
+        config = json.loads((job_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return 0.0
+    return float(config.get("min_compute_s") or 0.0)
+
+
 def compute_model(run_dir: Path) -> dict:
     """The mean forward + backward and the mean rest of a step, over every rank's steps
-    (the first two steps of each rank left out: warm-up). A padded job's padding (its config's
-    ``min_compute_s`` less the forward + backward) is not part of the rest: the sim half pads
-    those jobs itself, from the same scenario."""
+    (the first two steps of each rank left out: warm-up). The rest is what a step spent outside
+    communication beyond its forward + backward *as padded*: a padded job's ``compute_s``
+    includes its ``min_compute_s`` pad, which the sim charges itself (``Algorithm.pad_compute``),
+    so the pad is not overhead (counting it made one padded job inflate every job's overhead)."""
     forward_backward, rest = [], []
     for path in sorted(run_dir.glob("**/rank*.jsonl")):
-        config_path = path.parent / "config.json"
-        padded_to = (json.loads(config_path.read_text()).get("min_compute_s") or 0.0) if config_path.exists() else 0.0
+        pad = _min_compute_s(path.parent)
         steps = [r for r in read_complete_records(path) if r.get("kind") == "step"][2:]
         for record in steps:
             if record.get("compute_unpadded_s") is not None:
                 forward_backward.append(record["compute_unpadded_s"])
                 if record.get("compute_s") is not None:
-                    computed = max(record["compute_unpadded_s"], padded_to)
-                    rest.append(max(0.0, record["compute_s"] - computed))
+                    rest.append(max(0.0, record["compute_s"] - max(record["compute_unpadded_s"], pad)))
     # means, not medians: the ranks share 2 cores on tun, and a step waits for its slowest rank, so
     # the tail of the compute times is part of what tun's steps cost
     return {"compute_s": statistics.fmean(forward_backward), "overhead_s": statistics.fmean(rest) if rest else 0.0,
@@ -148,6 +156,16 @@ def start_offsets(job_dir: Path) -> dict[str, float]:
         firsts[names[int(path.stem.removeprefix("rank"))]] = step["time_unix"] - step["step_s"]
     earliest = min(firsts.values())
     return {node: round(first - earliest, 6) for node, first in sorted(firsts.items())}
+
+
+def tun_congestion_control(run_dir: Path) -> str | None:
+    """The congestion control tun's nodes ran (job.json's ``node_stack``; None if unrecorded)."""
+    for path in sorted((run_dir / "jobs").glob("*/job.json")):
+        stack = json.loads(path.read_text()).get("node_stack") or {}
+        name = (stack.get("sysctls") or {}).get("net.ipv4.tcp_congestion_control")
+        if name:
+            return str(name)
+    return None
 
 
 def job_dirs(run_dir: Path) -> dict[str, Path]:
@@ -204,6 +222,9 @@ def case(per_region: int, steps: int, target: float, topology: Path, algorithms:
     offsets = {label: start_offsets(job_dir) for label, job_dir in job_dirs(tun_dir).items()} if with_offsets else {}
     sim_section = f"sim: {{compute_s: {model['compute_s']:.6f}, overhead_s: {model['overhead_s']:.6f}"
     sim_section += f", start_offsets_s: {json.dumps(offsets)}}}" if offsets else "}"
+    congestion = tun_congestion_control(tun_dir)
+    if congestion:  # the sim applies restart after idle unless told the nodes ran BBR (issue 21)
+        sim_section += f"\nnode_sysctls: {{net.ipv4.tcp_congestion_control: {congestion}}}"
     started = time.monotonic()
     sim_dir = run_scenario(SCENARIO.format(name=name, backend="sim", sim=sim_section, **common), name, "sim")
     sim_wall = time.monotonic() - started

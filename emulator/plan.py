@@ -166,8 +166,12 @@ class Plan:
         }
 
     def slow_start_after_idle(self) -> bool:
-        """Whether the nodes restart slow start after an idle RTO (Linux's default, 1)."""
-        return self.node_sysctls.get("net.ipv4.tcp_slow_start_after_idle", "1") != "0"
+        """Whether the nodes restart slow start after an idle RTO (Linux's default, 1). Never
+        with BBR: Linux's tcp_slow_start_after_idle_check returns early for a congestion control
+        with its own control loop (``cong_control``), whatever the sysctl says."""
+        if str(self.node_sysctls.get("net.ipv4.tcp_congestion_control", "")).strip() == "bbr":
+            return False
+        return str(self.node_sysctls.get("net.ipv4.tcp_slow_start_after_idle", "1")).strip() != "0"
 
     def to_json(self) -> str:
         data = asdict(self)

@@ -21,7 +21,8 @@ it finds (:meth:`FluidNetwork.slow_start_s`), and a connection's window halves f
 with net.ipv4.tcp_slow_start_after_idle = 1 (the default); with the plan's ``node_sysctls``
 setting it to 0 the window is kept across idleness (``slow_start_after_idle``). The pacing of a
 window after a round trip idle is kept either way (it is not slow start). The congestion control
-is not modelled (BBR skips Linux's restart after idle altogether: docs/SCENARIOS.md). Queues are
+is not modelled, except that BBR in the plan's ``node_sysctls`` turns the restart after idle off
+(Linux skips it for BBR: docs/SCENARIOS.md). Queues are
 not modelled: delay is the link's, never a standing queue's.
 
 Pure: numpy arrays in, times out. The event loop that drives it (``trainers.sim``) asks for the

@@ -173,3 +173,12 @@ def test_a_congestion_control_is_checked_against_the_kernel_before_building(tmp_
     with pytest.raises(netns.SystemCheckError, match=r"'cubic' is available but the host does not allow it.*"
                                                      r"tcp_allowed_congestion_control='reno bbr cubic'"):
         netns.check_node_sysctls(plan_with("cubic"))
+
+
+def test_bbr_has_no_restart_after_idle(write_yaml):
+    """Linux skips the restart after idle for BBR (tcp_slow_start_after_idle_check returns early
+    for a congestion control with cong_control), so the sim's connections keep their windows."""
+    plan = make_plan(load_topology(write_yaml(BASE + "node_sysctls: {net.ipv4.tcp_congestion_control: bbr}\n")))
+    assert not plan.slow_start_after_idle()
+    plan = make_plan(load_topology(write_yaml(BASE + "node_sysctls: {net.ipv4.tcp_congestion_control: cubic}\n")))
+    assert plan.slow_start_after_idle()
