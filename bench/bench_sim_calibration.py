@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import re
 import os
 import statistics
 import subprocess
@@ -77,6 +78,7 @@ stop:
   steps: {steps}
   target_accuracy: {target}
 algorithms:{algorithms}
+seeds: [{seed}]
 verify: {{enabled: false}}
 {sim}
 """
@@ -209,17 +211,20 @@ def shown(path: Path) -> str:
 
 
 def case(per_region: int, steps: int, target: float, topology: Path, algorithms: str,
-         tun_dir: Path | None = None, with_offsets: bool = True) -> list[dict]:
+         tun_dir: Path | None = None, with_offsets: bool = True, seed: int = 0) -> list[dict]:
     nodes = 4 * per_region
     name = f"calibration-{nodes}"
     common = dict(nodes=nodes, per_region=per_region, steps=steps, target=target, topology=topology.resolve(),
-                  algorithms=algorithms)
+                  algorithms=algorithms, seed=seed)
     started = time.monotonic()
     if tun_dir is None:
         tun_dir = run_scenario(SCENARIO.format(name=name, backend="tun", sim="", **common), name, "tun")
     tun_wall = time.monotonic() - started
     model = compute_model(tun_dir)
-    offsets = {label: start_offsets(job_dir) for label, job_dir in job_dirs(tun_dir).items()} if with_offsets else {}
+    # the tun jobs this case simulates (an earlier tun run may hold more than --algorithms names)
+    listed = {label: job_dir for label, job_dir in job_dirs(tun_dir).items()
+              if re.search(rf"(label|name): {re.escape(label)}[,}}]", algorithms)}
+    offsets = {label: start_offsets(job_dir) for label, job_dir in listed.items()} if with_offsets else {}
     sim_section = f"sim: {{compute_s: {model['compute_s']:.6f}, overhead_s: {model['overhead_s']:.6f}"
     sim_section += f", start_offsets_s: {json.dumps(offsets)}}}" if offsets else "}"
     congestion = tun_congestion_control(tun_dir)
@@ -231,8 +236,8 @@ def case(per_region: int, steps: int, target: float, topology: Path, algorithms:
     tun, sim = summary(tun_dir), summary(sim_dir)
     tun_jobs, sim_jobs = job_dirs(tun_dir), job_dirs(sim_dir)
     rows = []
-    for label in tun.index:
-        row = {"nodes": nodes, "label": label, "compute_s": model["compute_s"], "overhead_s": model["overhead_s"],
+    for label in [label for label in tun.index if label in listed]:
+        row = {"nodes": nodes, "label": label, "seed": seed, "compute_s": model["compute_s"], "overhead_s": model["overhead_s"],
                "tun_run": shown(tun_dir), "sim_run": shown(sim_dir),
                "tun_wall_s": tun_wall, "sim_wall_s": sim_wall,
                # the first steps' spread (s): what tun measured, and what the sim half ran with
@@ -267,9 +272,12 @@ def _main(argv=None) -> int:
                              "with 8 and 4 all-reduces in flight, and jobs padded to 0.1 s a step (issue 21 §7)")
     parser.add_argument("--algorithms", default=None, help="comma-separated names (default: all of the set)")
     parser.add_argument("--topology", type=Path, default=REPO / "topologies" / "aws-4region.yaml")
+    parser.add_argument("--seeds", default="0",
+                        help="comma-separated seeds: one tun run and one sim run per seed and node count (the "
+                             "seed sets the data order, the initial model and the start-up)")
     parser.add_argument("--tun-runs", default=None,
-                        help="comma-separated run directories of earlier tun halves, one per node count, to "
-                             "simulate again without re-running tun")
+                        help="comma-separated run directories of earlier tun halves, one per node count and "
+                             "seed (node counts outer), to simulate again without re-running tun")
     parser.add_argument("--start-offsets", choices=("tun", "none"), default="tun",
                         help="tun: give the sim half each tun job's start-up skew (sim.start_offsets_s); "
                              "none: simulate without a start-up term")
@@ -283,13 +291,15 @@ def _main(argv=None) -> int:
     print("# sim calibration", json.dumps(env), flush=True)
     rows = []
     counts = [int(v) for v in args.nodes_per_region.split(",")]
+    seeds = [int(v) for v in args.seeds.split(",")]
+    cases = [(per_region, seed) for per_region in counts for seed in seeds]
     tun_runs = [Path(p).resolve() for p in args.tun_runs.split(",")] if args.tun_runs else []
-    tun_runs += [None] * (len(counts) - len(tun_runs))  # the node counts without one run tun now
-    for per_region, tun_run in zip(counts, tun_runs):
+    tun_runs += [None] * (len(cases) - len(tun_runs))  # the cases without one run tun now
+    for (per_region, seed), tun_run in zip(cases, tun_runs):
         for row in case(per_region, args.steps, args.target, args.topology, algorithms, tun_run,
-                        args.start_offsets == "tun"):
+                        args.start_offsets == "tun", seed):
             rows.append(row)
-            print(f"nodes {row['nodes']:3d} {row['label']:<22} compute {row['compute_s'] * 1e3:6.2f} ms "
+            print(f"nodes {row['nodes']:3d} {row['label']:<22} seed {seed} compute {row['compute_s'] * 1e3:6.2f} ms "
                   f"(+{row['overhead_s'] * 1e3:5.2f})  start skew tun {row['tun_start_skew_s']:.2f} "
                   f"sim {fmt(row['sim_start_skew_s'], '.2f')} s  "
                   + "  ".join(f"{m} tun {fmt(row[f'tun_{m}'])} sim {fmt(row[f'sim_{m}'])} "
@@ -299,6 +309,17 @@ def _main(argv=None) -> int:
         errors = [abs(r[f"error_{metric}"]) for r in rows if r[f"error_{metric}"] is not None]
         if errors:
             print(f"| {metric} | {len(errors)} | {statistics.median(errors):.1%} | {max(errors):.1%} |")
+    if len(seeds) > 1:  # per job over the seeds: the median error and its range
+        print("\n| nodes | job | " + " | ".join(f"{m} error median [min..max]" for m in METRICS)
+              + " |\n|---|---|" + "---|" * len(METRICS))
+        for key in dict.fromkeys((r["nodes"], r["label"]) for r in rows):
+            mine = [r for r in rows if (r["nodes"], r["label"]) == key]
+            cells = []
+            for metric in METRICS:
+                errors = [r[f"error_{metric}"] for r in mine if r[f"error_{metric}"] is not None]
+                cells.append(f"{statistics.median(errors):+.1%} [{min(errors):+.1%}..{max(errors):+.1%}]"
+                             if errors else "-")
+            print(f"| {key[0]} | {key[1]} | " + " | ".join(cells) + " |")
     RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     path = RESULTS / f"bench_sim_calibration-{stamp}.csv"

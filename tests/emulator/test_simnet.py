@@ -116,6 +116,24 @@ def test_from_plan_takes_the_topology_matrix():
     assert net.nic == pytest.approx(10e9 / 8)
 
 
+def test_messages_posted_together_on_one_connection_share_its_window():
+    """One ordered pair is one TCP connection: eight 14-segment messages posted at once (DTS with
+    8 all-reduces in flight) leave in flights 2, 2, 3, 3, 3, 4, 4, 4 of slow start from the
+    initial window of 10 (10, 20, 40, 80 segments), not all in flight 2 as eight connections
+    would; a message on another pair is not delayed by them."""
+    net = network(n=3, latency_s=0.10785, rate_bytes=125e6)
+    rtt = 0.2157
+    paced = 13 / 20 * rtt  # a fresh connection paces its first window (the test above)
+    leaves = [0.001 * i + net.slow_start_s(0, 1, 14 * 1448, 0.001 * i)[0] for i in range(8)]
+    assert [round((t - paced) / rtt, 6) for t in leaves] == [1, 1, 2, 2, 2, 3, 3, 3]
+    # the same eight in one vector call (the collectives' form) leave in the same flights
+    net = network(n=3, latency_s=0.10785, rate_bytes=125e6)
+    for i in range(8):
+        net.slow_start_s([0, 0], [1, 2], 14 * 1448, 0.0)
+    assert net.slow_start_s(0, 2, 14 * 1448, 0.0)[0] == pytest.approx(paced + 3 * rtt)  # the 9th: 126 segments, flight 4
+    assert net.slow_start_s(2, 1, 14 * 1448, 0.0)[0] == pytest.approx(paced + rtt)      # another pair: its own
+
+
 def test_slow_start_and_pacing_of_a_message_on_an_idle_connection():
     net = network(n=2, latency_s=0.10785, rate_bytes=125e6)   # london-tokyo: 215.7 ms RTT, 1 Gbit/s
     rtt = 0.2157
@@ -129,8 +147,12 @@ def test_slow_start_and_pacing_of_a_message_on_an_idle_connection():
     # and the first window paced
     net = network(n=2, latency_s=0.10785, rate_bytes=125e6)
     assert net.slow_start_s(0, 1, 100 * 1448, 0.0)[0] == pytest.approx(3 * rtt + 19 / 20 * rtt)
-    # right after, the window is open and the connection busy: no extra time
-    assert net.slow_start_s(0, 1, 100 * 1448, 0.1)[0] == pytest.approx(0.0)
+    # posted 0.1 s later, while the first is still in slow start: it queues behind it on the one
+    # connection, 200 segments from the window of 10 need 5 flights, the last 4 RTTs after the
+    # first window's pacing
+    assert net.slow_start_s(0, 1, 100 * 1448, 0.1)[0] == pytest.approx(4 * rtt + 19 / 20 * rtt - 0.1)
+    # once the connection has sent them, its window is open: no extra time
+    assert net.slow_start_s(0, 1, 100 * 1448, 5 * rtt)[0] == pytest.approx(0.0)
     # idle for many RTOs (RTT + 200 ms each): the window halved back to the initial one
     assert net.slow_start_s(0, 1, 100 * 1448, 10.0)[0] == pytest.approx(3 * rtt + 19 / 20 * rtt)
     # idle for one RTO only: the window (160 after 4 flights from 10) halves to 80, still
