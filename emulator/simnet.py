@@ -172,11 +172,12 @@ class FluidNetwork:
         self._cwnd = np.full((n, n), float(INITIAL_WINDOW_SEGMENTS))  # segments, per connection
         self._last_send = np.full((n, n), -np.inf)                     # when each last sent data
         # the busy period each connection is in (messages queued on one byte stream): when it
-        # began, the window it began from, the segments queued since, the first window's pacing
+        # began, the window it began from, the segments queued since, whether it began after a
+        # round trip idle (its first window paced)
         self._busy_from = np.full((n, n), -np.inf)
         self._busy_window = np.full((n, n), float(INITIAL_WINDOW_SEGMENTS))
         self._busy_segments = np.zeros((n, n))
-        self._busy_paced_s = np.zeros((n, n))
+        self._busy_after_idle = np.zeros((n, n), dtype=bool)
         self._rng = np.random.default_rng(self.seed)
         self._base = {"latency_s": self.latency_s.copy(), "rate": self.rate.copy(),
                       "jitter_s": self.jitter_s.copy(), "loss": self.loss.copy()}
@@ -255,6 +256,91 @@ class FluidNetwork:
             into = self.nic / np.maximum(np.asarray(fan_in, dtype=float), 1.0)
         return np.minimum(cap, np.minimum(out[:, None], into[None, :]))
 
+    def nic_transfer(self, src, dst, start, nbytes: float) -> tuple[np.ndarray, np.ndarray]:
+        """When the messages of one collective step, ``nbytes`` each, that ``src`` starts sending
+        to ``dst`` at ``start`` (arrays over messages) have left their senders, and when each
+        message's receiver has taken in all of them (the collectives' NIC model; needs ``nic``).
+
+        Each NIC is a work-conserving server each way, shared by the messages in it as the delay
+        line's NIC stage interleaves their packets: a sender's NIC is processor-shared by its
+        messages from each one's start (:meth:`_processor_sharing`), and no message leaves sooner
+        than its connection alone could send it (``nbytes / connection_cap``); each message's
+        bytes reach the receiver's NIC from one delay after it began to leave, and the receiver's
+        NIC is done at the end of its busy period (``max_k (a_k + bytes arriving from a_k on / NIC)``,
+        and no earlier than the last byte's arrival). So a node's copies to near peers leave
+        before the far peers' "ready" notices arrive, as on tun (issue 21: sync's step at 16 nodes
+        with 20 Mbit/s NICs; docs/RESULTS.md section 10). Only this call's messages share the
+        NICs: collectives in flight at once, and the fluid network's point-to-point flows, are
+        each charged as if they had the NICs to themselves."""
+        src, dst = np.atleast_1d(src).astype(int), np.atleast_1d(dst).astype(int)
+        start = np.broadcast_to(start, src.shape).astype(float)
+        if self._cap is None:
+            self._cap = self.connection_cap()
+        with np.errstate(divide="ignore"):
+            alone = nbytes / self._cap[src, dst]
+            out_s = nbytes / self.nic  # per node
+        left = np.maximum(self._processor_sharing(src, start, out_s), start + alone)
+        lat = self.latency_s[src, dst]
+        first, last = start + lat, left + lat  # its first and last byte at the receiver's NIC
+        # the receiver's busy period: from each message's first byte, the bytes of the messages
+        # whose first byte comes at or after it
+        done = np.full(self.size, -np.inf)
+        order = np.lexsort((-first, dst))                 # per receiver, latest first
+        sorted_dst = dst[order]
+        group = np.r_[0, np.flatnonzero(np.diff(sorted_dst)) + 1]
+        behind = np.arange(len(order)) - np.repeat(group, np.diff(np.r_[group, len(order)])) + 1
+        np.maximum.at(done, sorted_dst, first[order] + behind * nbytes / self.nic[sorted_dst])
+        np.maximum.at(done, dst, last)
+        return left, done[dst]
+
+    @staticmethod
+    def _processor_sharing(node: np.ndarray, start: np.ndarray, service: np.ndarray) -> np.ndarray:
+        """When each job ends on its node's processor-shared server: jobs of one node all need
+        ``service[node]`` seconds alone and each gets 1/N of the server while N are in it (so
+        they end in the order they start). Vectorised over nodes: one pass per event (a start
+        or an end) of the busiest node's queue, with each node's virtual time (service
+        seconds each job in it has had)."""
+        order = np.lexsort((start, node))
+        sorted_node, sorted_start = node[order], start[order]
+        first = np.r_[0, np.flatnonzero(np.diff(sorted_node)) + 1]
+        sizes = np.diff(np.r_[first, len(order)])
+        nodes, m = sorted_node[first], int(sizes.max()) if len(order) else 0
+        starts = np.full((len(nodes), m + 1), np.inf)     # per node, its jobs' starts in order
+        position = np.arange(len(order)) - np.repeat(first, sizes)
+        row = np.repeat(np.arange(len(nodes)), sizes)
+        starts[row, position] = sorted_start
+        tau = service[nodes]
+        ends = np.full((len(nodes), m), np.inf)
+        target = np.full((len(nodes), m + 1), np.inf)     # virtual time at which each job ends
+        t = starts[:, 0].copy()
+        v = np.zeros(len(nodes))
+        active = np.zeros(len(nodes))
+        head = np.zeros(len(nodes), dtype=int)            # the oldest job still in
+        nxt = np.zeros(len(nodes), dtype=int)             # the next job to start
+        rows = np.arange(len(nodes))
+        for _ in range(2 * m):
+            arrival = starts[rows, nxt]
+            with np.errstate(invalid="ignore"):
+                ending = np.where(active > 0, t + (target[rows, head] - v) * active, np.inf)
+            event = np.minimum(arrival, ending)
+            live = np.isfinite(event)
+            if not live.any():
+                break
+            dt = np.where(live, event - t, 0.0)
+            v = v + np.where(active > 0, dt / np.maximum(active, 1), 0.0)
+            t = np.where(live, event, t)
+            ends_now = live & (ending <= arrival)
+            starts_now = live & ~ends_now
+            ends[rows[ends_now], head[ends_now]] = t[ends_now]
+            active[ends_now] -= 1
+            head[ends_now] += 1
+            target[rows[starts_now], nxt[starts_now]] = v[starts_now] + tau[starts_now]
+            active[starts_now] += 1
+            nxt[starts_now] += 1
+        out = np.empty(len(order))
+        out[order] = ends[row, position]
+        return out
+
     def slow_start_s(self, src, dst, size, start) -> np.ndarray:
         """Extra seconds slow start adds to messages of ``size`` bytes that ``src`` starts sending
         to ``dst`` at ``start`` (arrays, or numbers; call in the order of ``start`` per pair), and
@@ -277,6 +363,8 @@ class FluidNetwork:
         size, start = np.broadcast_to(size, src.shape).astype(float), np.broadcast_to(start, src.shape).astype(float)
         if not self.tcp:
             return np.zeros(len(src))
+        if len(np.unique(src * self.size + dst)) < len(src):
+            raise ValueError("slow_start_s: one call takes each (src, dst) pair once (call again for the next message)")
         rtt = self.latency_s[src, dst] + self.latency_s[dst, src]
         bdp = np.maximum(1.0, np.ceil(self.rate[src, dst] * rtt / MSS_BYTES))
         segments = np.maximum(1.0, np.ceil(size / MSS_BYTES))
@@ -289,25 +377,29 @@ class FluidNetwork:
         rto = rtt + RTO_MIN_S
         halvings = np.floor(np.clip(idle / rto, 0.0, 60.0)) if self.slow_start_after_idle else np.zeros(len(src))
         cwnd = np.where(halvings >= 1, np.maximum(INITIAL_WINDOW_SEGMENTS, cwnd / 2.0 ** halvings), cwnd)
+        began = np.where(queued, self._busy_from[src, dst], start)
+        window = np.where(queued, self._busy_window[src, dst], cwnd)
+        after_idle = np.where(queued, self._busy_after_idle[src, dst], idle > rtt)
+        total = np.where(queued, self._busy_segments[src, dst], 0.0) + segments
         # Linux paces TCP itself where the qdisc is not fq: 2 x cwnd x MSS per srtt in slow start.
         # A connection that sent nothing for a round trip paces its next window as from the
         # initial one (measured on tun, london-tokyo, 215.7 ms: a 14-segment message takes 0.154 s
-        # more than a 1-segment one, where (14 - 1) / (2 x 10) RTT = 0.140 s), up to one window.
-        paced = np.where(idle > rtt, (np.minimum(np.minimum(segments, bdp), 2 * INITIAL_WINDOW_SEGMENTS) - 1.0)
+        # more than a 1-segment one, where (14 - 1) / (2 x 10) RTT = 0.140 s), up to one window:
+        # the busy period's first window, whichever message filled it.
+        paced = np.where(after_idle, (np.minimum(np.minimum(total, bdp), 2 * INITIAL_WINDOW_SEGMENTS) - 1.0)
                          * rtt / (2 * INITIAL_WINDOW_SEGMENTS), 0.0)
-        began = np.where(queued, self._busy_from[src, dst], start)
-        window = np.where(queued, self._busy_window[src, dst], cwnd)
-        paced = np.where(queued, self._busy_paced_s[src, dst], paced)
-        total = np.where(queued, self._busy_segments[src, dst], 0.0) + segments
 
         # the flight its last segment leaves in, counted only until the window covers the BDP
-        flights = np.maximum(1.0, np.ceil(np.log2(np.minimum(total, bdp) / window + 1.0)))
+        # (less a hair: a power of two's log must not round up to one flight more)
+        flights = np.maximum(1.0, np.ceil(np.log2(np.minimum(total, bdp) / window + 1.0) - 1e-9))
         leaves = began + paced + (flights - 1.0) * rtt
         extra = np.maximum(0.0, leaves - start)
         self._busy_from[src, dst] = began
         self._busy_window[src, dst] = window
         self._busy_segments[src, dst] = total
-        self._busy_paced_s[src, dst] = paced
+        self._busy_after_idle[src, dst] = after_idle
+        # (the window is credited once the last flight leaves, before its ACKs return: at most
+        # one round trip early, and only for a message posted in that round trip)
         self._cwnd[src, dst] = np.maximum(cwnd, np.minimum(window * 2.0 ** flights, 4 * bdp))
         self._last_send[src, dst] = np.maximum(self._last_send[src, dst], start + extra)
         return extra

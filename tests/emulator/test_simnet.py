@@ -120,18 +120,24 @@ def test_messages_posted_together_on_one_connection_share_its_window():
     """One ordered pair is one TCP connection: eight 14-segment messages posted at once (DTS with
     8 all-reduces in flight) leave in flights 2, 2, 3, 3, 3, 4, 4, 4 of slow start from the
     initial window of 10 (10, 20, 40, 80 segments), not all in flight 2 as eight connections
-    would; a message on another pair is not delayed by them."""
+    would; the busy period's first window is paced (13 / 20 RTT for the first message's 14
+    segments, 19 / 20 RTT once the period holds a whole window of 20). A message on another pair
+    is not delayed by them."""
     net = network(n=3, latency_s=0.10785, rate_bytes=125e6)
     rtt = 0.2157
-    paced = 13 / 20 * rtt  # a fresh connection paces its first window (the test above)
     leaves = [0.001 * i + net.slow_start_s(0, 1, 14 * 1448, 0.001 * i)[0] for i in range(8)]
-    assert [round((t - paced) / rtt, 6) for t in leaves] == [1, 1, 2, 2, 2, 3, 3, 3]
-    # the same eight in one vector call (the collectives' form) leave in the same flights
+    assert leaves[0] == pytest.approx(13 / 20 * rtt + rtt)
+    assert [round((t - 19 / 20 * rtt) / rtt, 6) for t in leaves[1:]] == [1, 2, 2, 2, 3, 3, 3]
+    # eight calls, each with two pairs (the collectives' vector form), then a ninth message on
+    # pair (0, 2): 126 segments queued, flight 4
     net = network(n=3, latency_s=0.10785, rate_bytes=125e6)
-    for i in range(8):
+    for _ in range(8):
         net.slow_start_s([0, 0], [1, 2], 14 * 1448, 0.0)
-    assert net.slow_start_s(0, 2, 14 * 1448, 0.0)[0] == pytest.approx(paced + 3 * rtt)  # the 9th: 126 segments, flight 4
-    assert net.slow_start_s(2, 1, 14 * 1448, 0.0)[0] == pytest.approx(paced + rtt)      # another pair: its own
+    assert net.slow_start_s(0, 2, 14 * 1448, 0.0)[0] == pytest.approx(19 / 20 * rtt + 3 * rtt)
+    assert net.slow_start_s(2, 1, 14 * 1448, 0.0)[0] == pytest.approx(13 / 20 * rtt + rtt)  # another pair
+    # one call takes a pair once: a second message on it is the next call's
+    with pytest.raises(ValueError, match="each \\(src, dst\\) pair once"):
+        net.slow_start_s([1, 1], [0, 0], 1000, 1.0)
 
 
 def test_slow_start_and_pacing_of_a_message_on_an_idle_connection():

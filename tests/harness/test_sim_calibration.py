@@ -29,7 +29,7 @@ ALGORITHMS = """
 
 
 def test_sim_agrees_with_tun_on_a_small_scenario(tmp_path, test_prefix):
-    common = dict(name="calibration-point", nodes=4, per_region=1, steps=40, target=0.8,
+    common = dict(name="calibration-point", nodes=4, per_region=1, steps=40, target=0.8, seed=0,
                   topology=REPO / "topologies" / "aws-4region.yaml", algorithms=ALGORITHMS)
     tun_file = tmp_path / "tun.yaml"
     tun_file.write_text(SCENARIO.format(backend="tun", sim="", **common))

@@ -133,19 +133,66 @@ def test_the_nic_s_share_of_each_collective_against_its_closed_form():
 
     lat, nbytes, nic = 0.05, 1 * MB, 10 * MB
     for n in (4, 8, 16, 64):
-        net = network(n, lat, 125e6, nic=nic)
+        def net():  # each collective alone (the NICs stay busy across collectives: the test below)
+            return network(n, lat, 125e6, nic=nic)
         entered = np.zeros(n)
-        ring = collectives.ring_allreduce(entered, net, nbytes)
+        ring = collectives.ring_allreduce(entered, net(), nbytes)
         assert ring == pytest.approx(np.full(n, 2 * (n - 1) * (2 * lat + nbytes / n / nic)))
-        direct = collectives.direct(entered, net, nbytes)
+        direct = collectives.direct(entered, net(), nbytes)
         assert direct == pytest.approx(np.full(n, 2 * lat + (n - 1) * nbytes / nic))
-        root = collectives.broadcast(entered, net, nbytes, 0)
+        root = collectives.broadcast(entered, net(), nbytes, 0)
         assert root[1:] == pytest.approx(np.full(n - 1, 2 * lat + (n - 1) * nbytes / nic))
-        doubling = collectives.recursive_doubling(entered, net, nbytes)
+        doubling = collectives.recursive_doubling(entered, net(), nbytes)
         assert doubling == pytest.approx(np.full(n, np.log2(n) * (2 * lat + nbytes / nic)))
     # without a NIC the same exchange is the pair's rate alone, whatever the node count
     assert collectives.direct(np.zeros(64), network(64, lat, 125e6), nbytes) == pytest.approx(
         np.full(64, 2 * lat + nbytes / 125e6))
+
+
+def test_a_nic_sends_a_direct_exchange_s_copies_as_their_peers_are_ready():
+    """Two regions of two nodes, 1 ms apart inside a region and 100 ms across, NICs that need
+    50 ms a copy: each node's copy to its region's peer leaves at once (its "ready" notice comes
+    1 ms after entry) and is sent before the two far peers' notices arrive at 100 ms, so the far
+    copies share the NIC two ways from then, not three ways from the start: all done at
+    2 x 100 ms + 2 x 50 ms = 0.30 s (equal shares of n - 1 from each copy's start: 0.35 s)."""
+    from trainers.sim import collectives
+
+    lat = np.full((4, 4), 0.1)
+    lat[0, 1] = lat[1, 0] = lat[2, 3] = lat[3, 2] = 0.001
+    np.fill_diagonal(lat, 0.0)
+    nbytes, nic = 0.05 * MB, 1 * MB
+    net = FluidNetwork(latency_s=lat, rate=np.full((4, 4), 1e12), jitter_s=np.zeros((4, 4)), loss=np.zeros((4, 4)),
+                       tcp_window=1e12, nic=nic, region_of=("a", "a", "b", "b"), tcp=False)
+    assert collectives.direct(np.zeros(4), net, nbytes) == pytest.approx(np.full(4, 0.30))
+
+
+def test_a_nic_that_does_not_bind_changes_no_collective():
+    """aws-4region's delays (unequal: 4 to 108 ms one way) with 10 Gbit/s NICs, which a 19 KB
+    tensor never fills: every collective, and one posted right after another, ends within
+    microseconds of the same network without NICs (the NIC's own 15 us per copy)."""
+    from trainers.sim import collectives
+
+    one_way = np.array([[0, 0.10785, 0.0686, 0.0434], [0.10785, 0, 0.0502, 0.0718],
+                        [0.0686, 0.0502, 0, 0.0252], [0.0434, 0.0718, 0.0252, 0]])
+
+    def net(nic):
+        return FluidNetwork(latency_s=one_way.copy(), rate=np.full((4, 4), 125e6), jitter_s=np.zeros((4, 4)),
+                            loss=np.zeros((4, 4)), tcp_window=4e6, nic=nic, region_of=tuple("abcd"))
+
+    with_nic, without = net(10e9 / 8), net(None)
+    for entered in (np.array([0.0, 0.01, 0.02, 0.005]), np.array([0.003, 0.012, 0.021, 0.006])):
+        for model in (collectives.direct, collectives.ring_allreduce, collectives.recursive_doubling,
+                      lambda e, n, b: collectives.broadcast(e, n, b, 0)):
+            assert model(entered, with_nic, 19240.0) == pytest.approx(model(entered, without, 19240.0), abs=5e-5)
+
+
+def test_processor_sharing_against_its_hand_computed_times():
+    """Node 0: two jobs of 1 s start at 0 and share the server (0.5 s done each by t = 1), a
+    third starts at 1, three ways: the first two end at 2.5, the third, alone for its last
+    0.5 s, at 3.0; node 1's one job of 2 s from 0.5 ends at 2.5, unaffected."""
+    ends = FluidNetwork._processor_sharing(np.array([0, 1, 0, 0]), np.array([0.0, 0.5, 0.0, 1.0]),
+                                           np.array([1.0, 2.0]))
+    assert ends == pytest.approx([2.5, 2.5, 2.5, 3.0])
 
 
 def test_same_seed_same_records(tmp_path):

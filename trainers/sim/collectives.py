@@ -11,18 +11,28 @@ finished its previous one and its peer's message of this step has arrived), so i
 O(steps x ranks) numpy work, not one event per message: a ring all-reduce over 1,024 ranks is
 2,046 vector steps.
 
-Each node's NIC (the network's ``nic``, each way) is shared by a collective's messages as the
-fluid network shares it among point-to-point flows (:meth:`FluidNetwork.shared_rate`): a message
-moves at the least of its connection's cap, its sender's NIC out divided among the messages that
-sender has in flight at once, and its receiver's NIC in divided likewise. So a direct exchange of
-n ranks puts n - 1 copies of the tensor through every NIC each way, a ring one chunk at a time.
-What is not shared: a collective's messages with the point-to-point flows or other collectives
-in flight at the same time (each collective is charged as if it had the NICs to itself).
+Each node's NIC (the network's ``nic``, each way) is a work-conserving server of a collective
+step's messages (:meth:`FluidNetwork.nic_transfer`): a sender's NIC is shared by its messages
+from each one's start (processor sharing, as the delay line interleaves their packets), a
+receiver's NIC is done at the end of its busy period, and no message moves faster than its
+connection alone. So a direct exchange of n ranks puts n - 1 copies of the tensor through every
+NIC each way, but the copies to near peers (whose "ready" notices arrive first) leave before the
+far peers' begin, as on tun; a ring sends one chunk at a time. Without NICs (``nic`` None) a
+message moves at its pair's single-flow rate. What is not shared: the NICs between collectives
+in flight at the same time (DTS with several all-reduces in flight: each is charged as if it had
+the NICs to itself, which under-charges only where the NICs bind), and between a collective and
+the fluid network's point-to-point flows (no algorithm keeps both in flight past its start-up
+broadcast).
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+
+def _nics(network, nbytes: float) -> bool:
+    """Whether the messages go through the nodes' NICs (a network with NICs, a message with bytes)."""
+    return getattr(network, "nic", None) is not None and nbytes > 0
 
 
 def _ring(entered: np.ndarray, network, chunk_bytes: float, steps: int) -> np.ndarray:
@@ -39,6 +49,10 @@ def _ring(entered: np.ndarray, network, chunk_bytes: float, steps: int) -> np.nd
         # my send to the right starts once I am ready and have heard the right is
         start = np.maximum(done, done[right] + back_from_right)
         start = start + network.slow_start_s(ranks, right, chunk_bytes, start)
+        if _nics(network, chunk_bytes):
+            sent, reached = network.nic_transfer(ranks, right, start, chunk_bytes)
+            done = np.maximum(sent, reached[left])
+            continue
         arrived = start[left] + lat_in + send_in
         done = np.maximum(start + send_out, arrived)
     return done
@@ -78,6 +92,12 @@ def direct(entered: np.ndarray, network, nbytes: float) -> np.ndarray:
     start = np.maximum(entered[:, None], entered[None, :] + lat.T)   # [src, dst]: dst's notice reached src
     src, dst = np.nonzero(~np.eye(n, dtype=bool))
     start[src, dst] += network.slow_start_s(src, dst, nbytes, start[src, dst])
+    if _nics(network, nbytes):
+        left, reached = network.nic_transfer(src, dst, start[src, dst], nbytes)
+        sent, arrived = np.full(n, -np.inf), np.full(n, -np.inf)
+        np.maximum.at(sent, src, left)
+        np.maximum.at(arrived, dst, reached)
+        return np.maximum(np.maximum(entered, sent), arrived)
     arrive = start + lat + transfer
     np.fill_diagonal(arrive, -np.inf)
     np.fill_diagonal(start, -np.inf)
@@ -99,7 +119,10 @@ def recursive_doubling(entered: np.ndarray, network, nbytes: float) -> np.ndarra
     extra = n - power
     def message(src_ready, dst_ready, src, dst):
         start = np.maximum(src_ready, dst_ready + lat[dst, src])
-        return start + network.slow_start_s(src, dst, nbytes, start) + cost[src, dst]
+        start = start + network.slow_start_s(src, dst, nbytes, start)
+        if _nics(network, nbytes):
+            return network.nic_transfer(src, dst, start, nbytes)[1]
+        return start + cost[src, dst]
 
     for r in range(power, n):  # fold: r sends to r - power
         done[r - power] = max(done[r - power], float(message(done[r], done[r - power], r, r - power)))
@@ -130,6 +153,12 @@ def broadcast(entered: np.ndarray, network, nbytes: float, src: int) -> np.ndarr
     start = np.maximum(entered[src], entered + lat[:, src])
     others = np.arange(n) != src
     start[others] += network.slow_start_s(np.full(n - 1, src), np.arange(n)[others], nbytes, start[others])
+    if _nics(network, nbytes):
+        sent, reached = network.nic_transfer(np.full(n - 1, src), np.arange(n)[others], start[others], nbytes)
+        done = entered.astype(float).copy()
+        done[others] = np.maximum(entered[others], reached)
+        done[src] = max(entered[src], float(sent.max()))
+        return done
     arrive = start + lat[src] + transfer
     done = np.maximum(entered, arrive)
     done[src] = max(entered[src], float((start + transfer)[others].max()))
