@@ -14,6 +14,8 @@ from harness.console import print_path
 from harness.results import HEADLINE_COLUMNS, TERMINAL_COLUMNS, summary_table
 
 from .test_report import sync_and_dts, write_run
+from .test_sim_harness import SCENARIO as SIM_SCENARIO
+from .test_sim_harness import fake_engine  # noqa: F401 (a fixture)
 
 REPO = Path(__file__).resolve().parents[2]
 # a committed run: 18 jobs, labels up to 13 characters (dts-p16-t256, local_sgd-H16)
@@ -117,3 +119,17 @@ def test_report_cli_table_and_paths(tmp_path, capsys):
     assert cli.main(["report", str(run_dir), "--out", str(out), "--wide"]) == 0
     wide = capsys.readouterr().out
     assert "bytes" in wide and "blocked" in wide and max(len(line) for line in wide.splitlines()) > 100
+
+
+def test_run_cli_prints_the_fitted_table_then_each_path_whole(fake_engine, write_yaml, tmp_path, capsys):
+    """`wanbench run` (sim, the stand-in engine): a 100-column table, then the run folder,
+    report.md and the figures each on one line, longer than the 80 columns stderr gets here."""
+    runs = tmp_path / ("a-runs-folder-with-a-long-name-" * 3)
+    assert cli.main(["run", write_yaml(SIM_SCENARIO, "s.yaml"), "--output", str(runs)]) == 0
+    captured = capsys.readouterr()
+    run_dir = next(runs.glob("*/*"))
+    out, err = captured.out.splitlines(), captured.err.splitlines()
+    assert_fits_with_whole_labels(out[:out.index(f"run: {run_dir}")], ["sync", "local_sgd"])
+    assert f"report: {run_dir / 'report' / 'report.md'}" in err
+    assert f"figure: {next((run_dir / 'report' / 'figures').glob('progress-*.png'))}" in err
+    assert any(line.startswith(f"figures: {run_dir / 'report' / 'figures'} (") for line in err)
