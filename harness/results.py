@@ -805,10 +805,11 @@ TERMINAL_COLUMNS = [
     ("speedup_vs_sync", "speedup", lambda v: f"{_compact(v)}x"),
     ("accuracy_delta_vs_sync", "acc Δ", lambda v: f"{v:+.3f}"),
 ]
-# Which columns give way, first to last, when a long label (or network name) needs the width;
+# Which columns give way, first to last, when a long label (or network name) needs the width (a
+# tuning run's phase says which rows are candidates: it stays longer than steps/s);
 # then status where every job is ok and network where there is one (the caption says which);
 # the label always stays.
-TERMINAL_DROP_ORDER = ["phase", "steps_per_s", "seed", "accuracy_delta_vs_sync", "time_to_target_s",
+TERMINAL_DROP_ORDER = ["steps_per_s", "phase", "seed", "accuracy_delta_vs_sync", "time_to_target_s",
                        "final_accuracy", "speedup_vs_sync", "status", "network"]
 TERMINAL_CAPTION = ("acc: final accuracy; speedup, acc Δ: against sync (same network, seed); "
                     "--wide: more columns")
@@ -850,8 +851,8 @@ def _terminal_table(table: pd.DataFrame, title: str, width: int):
              for name, _, write in columns}
     needed = {name: max([cell_len(header)] + [cell_len(c) for c in cells[name]]) for name, header, _ in columns}
 
-    def table_width(kept):  # box.SIMPLE_HEAD: a space of padding each side of a cell, a one-character
-        return sum(needed[name] + 2 for name, _, _ in kept) + len(kept) + 1  # rule between and at each edge
+    def table_width(kept):  # box.SIMPLE_HEAD without edges: a space of padding each side of a
+        return sum(needed[name] + 2 for name, _, _ in kept) + len(kept) - 1  # cell, a rule between two
 
     dropped = []
     for name in TERMINAL_DROP_ORDER:
@@ -868,7 +869,8 @@ def _terminal_table(table: pd.DataFrame, title: str, width: int):
         header = next(header for n, header, _ in TERMINAL_COLUMNS if n == name)
         dropped.append(f"{header} (all {values.pop()})" if name in ("status", "network") else header)
     caption = TERMINAL_CAPTION + (f"; left out for width: {', '.join(dropped)}" if dropped else "")
-    out = Table(title=title, caption=caption, box=box.SIMPLE_HEAD, caption_justify="left")
+    out = Table(title=title, caption=caption, box=box.SIMPLE_HEAD, show_edge=False,
+                caption_justify="left")
     for name, header, _ in columns:
         text = name in ("network", "label", "status", "phase")
         out.add_column(header, justify="left" if text else "right", no_wrap=True, min_width=needed[name])
