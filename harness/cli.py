@@ -239,7 +239,8 @@ def cmd_run(args) -> int:
         completed = run_scenario(scenario, backend, Path(args.output) if args.output else RUNS_ROOT)
     run_dir = completed.run_dir
     out = stdout_console()
-    out.print(summary_table(completed.summary, f"{scenario.name} {run_dir.name}", wide=args.wide))
+    out.print(summary_table(completed.summary, f"{scenario.name} {run_dir.name}", wide=args.wide,
+                            width=terminal_table_width(out)))
     print_path(out, "run", run_dir)
     from .report import write_report
 
@@ -250,6 +251,14 @@ def cmd_run(args) -> int:
     for line in lines:
         print(line, file=sys.stderr)
     return code
+
+
+def terminal_table_width(console) -> int:
+    """100 columns, or the terminal's width where it is narrower (rich would otherwise drop the
+    columns that do not fit off the right edge, unsaid)."""
+    from .results import TERMINAL_WIDTH
+
+    return min(TERMINAL_WIDTH, console.width)
 
 
 # Up to this many training-progress figures are named one by one; more, and only their folder.
@@ -385,7 +394,7 @@ def cmd_report(args) -> int:
     outcome = write_report(run_dirs, Path(args.out) if args.out else default_out_dir(run_dirs))
     out = stdout_console()
     for run_name, rows in outcome.results.summary.groupby("run", sort=False):
-        out.print(summary_table(rows, run_name, wide=args.wide))
+        out.print(summary_table(rows, run_name, wide=args.wide, width=terminal_table_width(out)))
     console = stderr_console()
     for run in outcome.incomplete:
         console.print(f"[bold red]{incomplete_message(run)}[/]")

@@ -69,6 +69,26 @@ def test_long_labels_take_their_width_and_other_columns_give_way():
     assert "left out for width: steps/s, seed, acc Δ, to target s, acc" in caption
 
 
+def test_a_tuning_runs_phase_shows_where_there_is_room_and_gives_way_first():
+    summary = pd.read_csv(COMMITTED)
+    summary.insert(summary.columns.get_loc("seed") + 1, "phase", "reported")
+    lines = rendered_lines(summary_table(summary, "tuned"), 100)
+    assert_fits_with_whole_labels(lines, summary["label"].unique())
+    assert "phase" in lines[next(i for i, line in enumerate(lines) if line.strip().startswith("─")) - 1]
+    summary["label"] = summary["label"] + "-" + "x" * 40
+    lines = rendered_lines(summary_table(summary, "tuned"), 100)
+    assert_fits_with_whole_labels(lines, summary["label"].unique())
+    assert "left out for width: steps/s, phase" in " ".join(" ".join(lines).split())
+
+
+def test_a_narrower_terminal_gets_a_table_of_its_width():
+    summary = pd.read_csv(COMMITTED)
+    assert cli.terminal_table_width(Console(width=72)) == 72
+    assert cli.terminal_table_width(Console(width=250)) == 100
+    lines = rendered_lines(summary_table(summary, "narrow", width=72), 72)
+    assert_fits_with_whole_labels(lines, summary["label"].unique(), width=72)
+
+
 def test_a_label_that_needs_all_100_columns_is_still_whole():
     """Status (all ok) and network (only one) give way too, and the caption says so."""
     summary = pd.read_csv(COMMITTED).head(3)
