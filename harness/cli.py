@@ -397,7 +397,7 @@ def cmd_report(args) -> int:
         out.print(summary_table(rows, run_name, wide=args.wide, width=terminal_table_width(out)))
     console = stderr_console()
     for run in outcome.incomplete:
-        console.print(f"[bold red]{incomplete_message(run)}[/]")
+        console.print(f"[bold red]{incomplete_message(run)}[/]", soft_wrap=True)  # it names the run's path
     for name, why in outcome.skipped_figures.items():
         console.print(f"report: {name} not drawn: {why}")
     print_report_paths(console, outcome)
