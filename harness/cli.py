@@ -26,7 +26,7 @@ from emulator.schema import ConfigError
 from emulator.units import UnitError, parse_rate_bit_s
 from emulator.visibility import path_with_venv_first
 
-from .console import Interrupted, stderr_console, stdout_console, teardown_on_signals
+from .console import Interrupted, print_path, stderr_console, stdout_console, teardown_on_signals
 from .inputs import topology_of
 
 EXIT_BAD_INPUT = 2
@@ -238,20 +238,48 @@ def cmd_run(args) -> int:
     with teardown_on_signals():
         completed = run_scenario(scenario, backend, Path(args.output) if args.output else RUNS_ROOT)
     run_dir = completed.run_dir
-    stdout_console().print(summary_table(completed.summary, f"{scenario.name}: {run_dir}"))
+    out = stdout_console()
+    out.print(summary_table(completed.summary, f"{scenario.name} {run_dir.name}", wide=args.wide,
+                            width=terminal_table_width(out)))
+    print_path(out, "run", run_dir)
     from .report import write_report
 
     outcome = write_report([run_dir], run_dir / "report", loaded={run_dir: completed.frames},
                            summaries={run_dir: completed.summary})
-    # the training-progress figure first: for a single run it is the one to look at
-    progress = sorted((f for f in outcome.figures if f.suffix == ".png"),
-                      key=lambda f: (not f.name.startswith("progress-"), f.name))
-    stderr_console().print(f"report: {outcome.markdown}; figures: {', '.join(str(f) for f in progress[:3])}"
-                     + (" ..." if len(progress) > 3 else ""))
+    print_report_paths(stderr_console(), outcome)
     code, lines = run_exit_code(completed.summary)
     for line in lines:
         print(line, file=sys.stderr)
     return code
+
+
+def terminal_table_width(console) -> int:
+    """100 columns, or the terminal's width where it is narrower (rich would otherwise drop the
+    columns that do not fit off the right edge, unsaid)."""
+    from .results import TERMINAL_WIDTH
+
+    return min(TERMINAL_WIDTH, console.width)
+
+
+# Up to this many training-progress figures are named one by one; more, and only their folder.
+LISTED_PROGRESS_FIGURES = 3
+
+
+def print_report_paths(console, outcome) -> None:
+    """report.md, summary.csv and the figures, one path a line: the training-progress PNGs (for
+    a single run the ones to look at) where there are few, then the figures' folder and count."""
+    print_path(console, "report", outcome.markdown)
+    print_path(console, "summary", outcome.combined_csv)
+    if not outcome.figures:
+        return
+    progress = sorted(f for f in outcome.figures if f.suffix == ".png" and f.name.startswith("progress-"))
+    if len(progress) <= LISTED_PROGRESS_FIGURES:
+        for figure in progress:
+            print_path(console, "figure", figure)
+    folders = sorted({f.parent for f in outcome.figures})
+    for folder in folders:
+        count = sum(1 for f in outcome.figures if f.parent == folder)
+        print_path(console, "figures", folder, f"({count} files, PNG and SVG)")
 
 
 def run_exit_code(summary) -> tuple[int, list[str]]:
@@ -366,13 +394,13 @@ def cmd_report(args) -> int:
     outcome = write_report(run_dirs, Path(args.out) if args.out else default_out_dir(run_dirs))
     out = stdout_console()
     for run_name, rows in outcome.results.summary.groupby("run", sort=False):
-        out.print(summary_table(rows, run_name))
+        out.print(summary_table(rows, run_name, wide=args.wide, width=terminal_table_width(out)))
     console = stderr_console()
     for run in outcome.incomplete:
-        console.print(f"[bold red]{incomplete_message(run)}[/]")
+        console.print(f"[bold red]{incomplete_message(run)}[/]", soft_wrap=True)  # it names the run's path
     for name, why in outcome.skipped_figures.items():
         console.print(f"report: {name} not drawn: {why}")
-    console.print(f"report: {outcome.markdown} ({len(outcome.figures)} figure files, {outcome.combined_csv})")
+    print_report_paths(console, outcome)
     return 0
 
 
@@ -459,12 +487,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="overrides the scenario's time_dilation: network K times slower, reported times / K; "
                         "auto: K from this machine's measured step and the compute profile")
     p.add_argument("--output", help="runs folder (default results/runs)")
+    p.add_argument("--wide", action="store_true",
+                   help="the terminal table with every headline column under its full name (default: "
+                        "the columns read first, fitted to 100 columns; summary.csv has them all)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("report", help="summary tables (markdown, CSV) and figures (PNG, SVG) of run directories")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="results/runs/<scenario>/<run-id>")
     p.add_argument("--out", metavar="DIR", help="output folder (default RUN_DIR/report for one run, "
                                                 "else results/reports/<time>)")
+    p.add_argument("--wide", action="store_true",
+                   help="the terminal table with every headline column under its full name (default: "
+                        "the columns read first, fitted to 100 columns; summary.csv has them all)")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("evidence", help="copy a run's summary, scenario, job.json and thinned eval.jsonl files "

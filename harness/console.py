@@ -26,6 +26,13 @@ def stdout_console():
     return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
 
 
+def print_path(console, what: str, path, note: str = "") -> None:
+    """One line `what: path note` that is never wrapped: a path split across lines cannot be
+    copied or clicked (no markup either: a path may hold brackets)."""
+    console.print(f"{what}: {path}" + (f" {note}" if note else ""), soft_wrap=True, markup=False,
+                  highlight=False)
+
+
 @contextlib.contextmanager
 def teardown_on_signals():
     """Turn SIGINT, SIGTERM and SIGHUP into `Interrupted` so every `finally` runs."""

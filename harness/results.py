@@ -790,8 +790,96 @@ def write_summary(run_dir, table: pd.DataFrame) -> Path:
     return path
 
 
-def summary_table(table: pd.DataFrame, title: str):
-    """A rich Table of the comparison columns people read first."""
+# The terminal table (`wanbench run` and `report` without --wide): the columns a user reads first,
+# with short headers, fitted to TERMINAL_WIDTH. (column, header, how to write a value).
+TERMINAL_WIDTH = 100
+TERMINAL_COLUMNS = [
+    ("network", "network", str),
+    ("label", "label", str),
+    ("seed", "seed", lambda v: f"{v:.0f}" if isinstance(v, float) else str(v)),  # 0.0 read back from CSV
+    ("phase", "phase", str),  # only under a tuning protocol
+    ("status", "status", str),
+    ("final_accuracy", "acc", lambda v: f"{v:.3f}"),
+    ("time_to_target_s", "to target s", lambda v: _compact(v)),
+    ("steps_per_s", "steps/s", lambda v: _compact(v)),
+    ("speedup_vs_sync", "speedup", lambda v: f"{_compact(v)}x"),
+    ("accuracy_delta_vs_sync", "acc Δ", lambda v: f"{v:+.3f}"),
+]
+# Which columns give way, first to last, when a long label (or network name) needs the width (a
+# tuning run's phase says which rows are candidates: it stays longer than steps/s);
+# then status where every job is ok and network where there is one (the caption says which);
+# the label always stays.
+TERMINAL_DROP_ORDER = ["steps_per_s", "phase", "seed", "accuracy_delta_vs_sync", "time_to_target_s",
+                       "final_accuracy", "speedup_vs_sync", "status", "network"]
+TERMINAL_CAPTION = ("acc: final accuracy; speedup, acc Δ: against sync (same network, seed); "
+                    "--wide: more columns")
+
+
+def _compact(value: float) -> str:
+    """A number in a few characters, never an exponent: 0.0123, 0.702, 4.22, 18.0, 326, 12345."""
+    size = abs(value)
+    if size < 1:
+        return f"{value:.3g}"
+    return f"{value:.2f}" if size < 10 else f"{value:.1f}" if size < 100 else f"{value:.0f}"
+
+
+def _missing(value) -> bool:
+    # "" too: a job that never wrote job.json has no network (a CSV read back says NaN)
+    return value is None or value == "" or (isinstance(value, float) and pd.isna(value))
+
+
+def summary_table(table: pd.DataFrame, title: str, wide: bool = False, width: int = TERMINAL_WIDTH):
+    """A rich Table of a run's summary for the terminal.
+
+    Args:
+        wide: HEADLINE_COLUMNS under their full names, as wide as they come (`--wide`).
+        width: without `wide`, the table fits this many columns: short headers, compact numbers,
+            and where a long label needs the room, columns leave in TERMINAL_DROP_ORDER (the
+            caption names them); a label or network is never cut.
+    """
+    return _wide_table(table, title) if wide else _terminal_table(table, title, width)
+
+
+def _terminal_table(table: pd.DataFrame, title: str, width: int):
+    from rich import box
+    from rich.cells import cell_len
+    from rich.table import Table
+
+    records = table.to_dict("records")
+    columns = [c for c in TERMINAL_COLUMNS if c[0] != "phase" or "phase" in table]
+    cells = {name: [("-" if _missing(r.get(name)) else write(r.get(name))) for r in records]
+             for name, _, write in columns}
+    needed = {name: max([cell_len(header)] + [cell_len(c) for c in cells[name]]) for name, header, _ in columns}
+
+    def table_width(kept):  # box.SIMPLE_HEAD without edges: a space of padding each side of a
+        return sum(needed[name] + 2 for name, _, _ in kept) + len(kept) - 1  # cell, a rule between two
+
+    dropped = []
+    for name in TERMINAL_DROP_ORDER:
+        if table_width(columns) <= width:
+            break
+        if not any(c[0] == name for c in columns):
+            continue
+        values = set(cells[name])
+        if name in ("status", "network") and len(values) > 1:
+            continue  # a failed job, or which network a row is at, must show
+        if name == "status" and values != {"ok"}:
+            continue
+        columns = [c for c in columns if c[0] != name]
+        header = next(header for n, header, _ in TERMINAL_COLUMNS if n == name)
+        dropped.append(f"{header} (all {values.pop()})" if name in ("status", "network") else header)
+    caption = TERMINAL_CAPTION + (f"; left out for width: {', '.join(dropped)}" if dropped else "")
+    out = Table(title=title, caption=caption, box=box.SIMPLE_HEAD, show_edge=False,
+                caption_justify="left")
+    for name, header, _ in columns:
+        text = name in ("network", "label", "status", "phase")
+        out.add_column(header, justify="left" if text else "right", no_wrap=True, min_width=needed[name])
+    for index in range(len(records)):
+        out.add_row(*(cells[name][index] for name, _, _ in columns))
+    return out
+
+
+def _wide_table(table: pd.DataFrame, title: str):
     from rich.table import Table
 
     shown = list(HEADLINE_COLUMNS)
@@ -802,8 +890,7 @@ def summary_table(table: pd.DataFrame, title: str):
         out.add_column(column.replace("_", " "), justify="right")
 
     def fmt(value, column):
-        # "" too: a job that never wrote job.json has no network (a CSV read back says NaN)
-        if value is None or value == "" or (isinstance(value, float) and pd.isna(value)):
+        if _missing(value):
             return "-"
         if column in BYTE_COLUMNS:
             return format_bytes(value)
