@@ -130,11 +130,13 @@ def _number(value) -> Optional[float]:
 
 
 def _add_series(writer, tag: str, rows: pd.DataFrame, field: str) -> int:
-    """`rows[field]` against `rows["step"]`, walltime their train_time_s; empty values skipped."""
+    """`rows[field]` against `rows["step"]`, walltime their train_time_s (0 where unknown); empty
+    values skipped. Returns the points written."""
     if field not in rows:
         return 0
     written = 0
-    for step, value, train_time_s in zip(rows["step"], rows[field], rows["train_time_s"]):
+    times = rows["train_time_s"] if "train_time_s" in rows else [None] * len(rows)
+    for step, value, train_time_s in zip(rows["step"], rows[field], times):
         value, step_number, walltime = _number(value), _number(step), _number(train_time_s)
         if value is None or step_number is None:
             continue
@@ -264,7 +266,8 @@ def parquet_tables(frames: RunFrames) -> dict[str, pd.DataFrame]:
     return {name: parquet_ready(with_scenario(table, scenario)) for name, table in tables.items()}
 
 
-def _install_hint() -> None:
+def _require_pyarrow() -> None:
+    """SystemCheckError saying how to install pyarrow when it is missing (pandas' Parquet engine)."""
     try:
         import pyarrow  # noqa: F401
     except ImportError as exc:
@@ -274,7 +277,7 @@ def _install_hint() -> None:
 
 def export_parquet(frames: RunFrames, out_dir) -> list[Path]:
     """`<table>.parquet` under `out_dir` for each of PARQUET_TABLES. Returns the files written."""
-    _install_hint()
+    _require_pyarrow()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     files = []
