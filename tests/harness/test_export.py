@@ -4,6 +4,7 @@ with pandas), each compared with the run's records as load_run reads them."""
 
 import io
 import json
+import sys
 import textwrap
 
 import pandas as pd
@@ -201,3 +202,13 @@ def test_an_unknown_format_writes_nothing_even_for_a_good_run(run_dir, capsys):
     before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*"))
     _one_line_error(capsys, ["export", str(run_dir), "--format", "hdf5"])
     assert sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")) == before
+
+
+@pytest.mark.parametrize("fmt, module", [("tensorboard", "torch.utils.tensorboard"), ("parquet", "pyarrow")])
+def test_a_missing_writer_package_is_one_line_saying_how_to_install_it(tmp_path, capsys, monkeypatch, fmt, module):
+    (tmp_path / "scenario.json").write_text(json.dumps({"name": "x", "spec": {}, "jobs": []}))
+    (tmp_path / "COMPLETE").write_text("")
+    monkeypatch.setitem(sys.modules, module, None)  # `import` of it raises ImportError
+    assert cli.main(["export", str(tmp_path), "--format", fmt]) == cli.EXIT_SYSTEM
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "run scripts/setup.sh" in err and f"export --format {fmt} needs" in err
