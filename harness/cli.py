@@ -1,4 +1,4 @@
-"""The `wanbench` command: up, down, exec, verify, run, report, evidence, regress, shape, unshape, launch, status, clean.
+"""The `wanbench` command: up, down, exec, verify, run, report, export, evidence, regress, shape, unshape, launch, status, clean.
 
 Input files are validated before anything privileged happens; a bad file is one line on stderr
 naming the file and field, exit code 2. A system problem (not root, no TUN, no netem) is one line
@@ -404,6 +404,17 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    from .export import export_run
+
+    made = export_run(args.run_dir, args.format, Path(args.out) if args.out else None)
+    hint = f"; tensorboard --logdir {made.out_dir}" if args.format == "tensorboard" else ""
+    # print, not the console: a path is not wrapped or read as markup
+    print(f"export: {len(made.files)} {args.format} files in {made.out_dir} ({made.seconds:.2f} s){hint}",
+          file=sys.stderr)
+    return 0
+
+
 def cmd_evidence(args) -> int:
     from .evidence import PAPERS_ROOT, write_evidence
     from .report import check_run_dir
@@ -500,6 +511,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the terminal table with every headline column under its full name (default: "
                         "the columns read first, fitted to 100 columns; summary.csv has them all)")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("export", help="write a finished run's records as TensorBoard event files (one run per "
+                                      "job) or Parquet tables (records and summary with the scenario's fields)")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="results/runs/<scenario>/<run-id> (complete)")
+    # checked by harness/export.py, not argparse: a bad format is one line and exit 2
+    p.add_argument("--format", required=True, metavar="FORMAT", help="tensorboard or parquet")
+    p.add_argument("--out", metavar="DIR", help="output folder (default RUN_DIR/export/<format>)")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("evidence", help="copy a run's summary, scenario, job.json and thinned eval.jsonl files "
                                         "to results/papers/<figure>/<run-id>/ (a headline's committed evidence)")
