@@ -234,28 +234,6 @@ class FluidNetwork:
             cap = np.where(lossy, np.minimum(cap, mathis), cap)
         return np.where(self.loss >= 1.0, 0.0, cap)
 
-    def effective_rate(self) -> np.ndarray:
-        """One flow's rate per pair when it is alone (the collective models use it): its
-        connection's cap, its sender's NIC out and its receiver's NIC in."""
-        cap = self.connection_cap()
-        if self.nic is not None:
-            cap = np.minimum(cap, np.minimum(self.nic[:, None], self.nic[None, :]))
-        return cap
-
-    def shared_rate(self, fan_out: np.ndarray, fan_in: np.ndarray) -> np.ndarray:
-        """Each pair's rate [src, dst] when every rank sends ``fan_out[rank]`` flows at once and
-        receives ``fan_in[rank]`` (the collectives' message patterns): a flow gets its NIC out's
-        share at the sender and its NIC in's share at the receiver, and no more than it would
-        alone. Equal shares are max-min fair where every NIC in the pattern has the same rate and
-        load (every collective here); otherwise a lower bound on the max-min rates."""
-        cap = self.connection_cap()
-        if self.nic is None:
-            return cap
-        with np.errstate(divide="ignore"):
-            out = self.nic / np.maximum(np.asarray(fan_out, dtype=float), 1.0)
-            into = self.nic / np.maximum(np.asarray(fan_in, dtype=float), 1.0)
-        return np.minimum(cap, np.minimum(out[:, None], into[None, :]))
-
     def nic_transfer(self, src, dst, start, nbytes: float) -> tuple[np.ndarray, np.ndarray]:
         """When the messages of one collective step, ``nbytes`` each, that ``src`` starts sending
         to ``dst`` at ``start`` (arrays over messages) have left their senders, and when each
@@ -266,8 +244,11 @@ class FluidNetwork:
         messages from each one's start (:meth:`_processor_sharing`), and no message leaves sooner
         than its connection alone could send it (``nbytes / connection_cap``); each message's
         bytes reach the receiver's NIC from one delay after it began to leave, and the receiver's
-        NIC is done at the end of its busy period (``max_k (a_k + bytes arriving from a_k on / NIC)``,
-        and no earlier than the last byte's arrival). So a node's copies to near peers leave
+        NIC is done at the end of its busy period (``max_k (a_k + bytes of the messages whose first
+        byte arrives from a_k on / NIC)``, and no earlier than the last byte's arrival). Two
+        approximations: the busy period leaves out the tails of earlier, slower messages still
+        arriving after a_k (a lower bound), and a sender's share that a slower connection cannot
+        use is not given to its other messages (not fully work-conserving). So a node's copies to near peers leave
         before the far peers' "ready" notices arrive, as on tun (issue 21: sync's step at 16 nodes
         with 20 Mbit/s NICs; docs/RESULTS.md section 10). Only this call's messages share the
         NICs: collectives in flight at once, and the fluid network's point-to-point flows, are
@@ -300,6 +281,8 @@ class FluidNetwork:
         they end in the order they start). Vectorised over nodes: one pass per event (a start
         or an end) of the busiest node's queue, with each node's virtual time (service
         seconds each job in it has had)."""
+        if not len(node):
+            return np.empty(0)
         order = np.lexsort((start, node))
         sorted_node, sorted_start = node[order], start[order]
         first = np.r_[0, np.flatnonzero(np.diff(sorted_node)) + 1]

@@ -133,7 +133,7 @@ def test_the_nic_s_share_of_each_collective_against_its_closed_form():
 
     lat, nbytes, nic = 0.05, 1 * MB, 10 * MB
     for n in (4, 8, 16, 64):
-        def net():  # each collective alone (the NICs stay busy across collectives: the test below)
+        def net():  # a fresh network per collective: each from a cold start, its slow start its own
             return network(n, lat, 125e6, nic=nic)
         entered = np.zeros(n)
         ring = collectives.ring_allreduce(entered, net(), nbytes)
@@ -168,8 +168,9 @@ def test_a_nic_sends_a_direct_exchange_s_copies_as_their_peers_are_ready():
 
 def test_a_nic_that_does_not_bind_changes_no_collective():
     """aws-4region's delays (unequal: 4 to 108 ms one way) with 10 Gbit/s NICs, which a 19 KB
-    tensor never fills: every collective, and one posted right after another, ends within
-    microseconds of the same network without NICs (the NIC's own 15 us per copy)."""
+    tensor never fills: every collective, from two sets of entry times in turn (the second on
+    warm connections), ends within microseconds of the same network without NICs (the NIC's own
+    15 us per copy)."""
     from trainers.sim import collectives
 
     one_way = np.array([[0, 0.10785, 0.0686, 0.0434], [0.10785, 0, 0.0502, 0.0718],

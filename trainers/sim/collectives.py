@@ -37,7 +37,7 @@ def _nics(network, nbytes: float) -> bool:
 
 def _ring(entered: np.ndarray, network, chunk_bytes: float, steps: int) -> np.ndarray:
     n = len(entered)
-    lat, rate = network.latency_s, network.shared_rate(np.ones(n), np.ones(n))  # one message each way
+    lat, rate = network.latency_s, network.connection_cap()  # without NICs (with them: nic_transfer)
     ranks = np.arange(n)
     left, right = (ranks - 1) % n, (ranks + 1) % n
     with np.errstate(divide="ignore"):
@@ -85,7 +85,7 @@ def direct(entered: np.ndarray, network, nbytes: float) -> np.ndarray:
     if n == 1:
         return entered.copy()
     lat = network.latency_s
-    share = network.shared_rate(np.full(n, n - 1), np.full(n, n - 1))  # n-1 out and n-1 in per NIC
+    share = network.connection_cap()  # without NICs (with them: nic_transfer)
     with np.errstate(divide="ignore", invalid="ignore"):
         transfer = np.where(nbytes > 0, nbytes / share, 0.0)
     np.fill_diagonal(transfer, 0.0)
@@ -109,7 +109,7 @@ def recursive_doubling(entered: np.ndarray, network, nbytes: float) -> np.ndarra
     """log2(n) rounds of whole-tensor exchange with rank ^ 2^k; extra ranks fold in first and get
     the result back at the end (trainers/comm/allreduce.py ``recursive_doubling``)."""
     n = len(entered)
-    lat, rate = network.latency_s, network.shared_rate(np.ones(n), np.ones(n))  # one partner per round
+    lat, rate = network.latency_s, network.connection_cap()  # without NICs (with them: nic_transfer)
     done = entered.astype(float).copy()
     if n == 1:
         return done
@@ -144,9 +144,7 @@ def broadcast(entered: np.ndarray, network, nbytes: float, src: int) -> np.ndarr
     if n == 1:
         return entered.copy()
     lat = network.latency_s
-    fan_out = np.zeros(n)
-    fan_out[src] = n - 1                       # the root's n-1 sends share its NIC out
-    share = network.shared_rate(fan_out, np.ones(n))[src]
+    share = network.connection_cap()[src]  # without NICs (with them: nic_transfer)
     with np.errstate(divide="ignore", invalid="ignore"):
         transfer = np.where(nbytes > 0, nbytes / share, 0.0)
     transfer[src] = 0.0
