@@ -392,6 +392,11 @@ class Comm(ABC):
         """The receive of :meth:`tagged_isend`."""
         raise NotImplementedError(f"{type(self).__name__} has no tagged point-to-point for allreduce_async")
 
+    def tagged_irecv_any(self, tensor: torch.Tensor, src_tag: int) -> tuple[Callable, Callable]:
+        """The receive of :meth:`tagged_isend` from any source; its wait function returns the
+        sender's rank. A backend hook, as :meth:`tagged_isend` is (SwarmSGD's requests)."""
+        raise NotImplementedError(f"{type(self).__name__} has no tagged receive from any source")
+
     def stream_driver(self) -> ThreadedStreamDriver:
         """What runs :class:`~trainers.comm.streams.MessageStreams`' background work on this comm:
         threads over :meth:`tagged_isend` / :meth:`tagged_irecv` (the simulator has its own)."""

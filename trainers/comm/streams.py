@@ -6,7 +6,9 @@ order, with every expected receive posted up front. What runs their background w
 stream driver (:meth:`Comm.stream_driver <trainers.comm.base.Comm.stream_driver>`): threads over
 the comm's tagged point-to-point messages here (:class:`ThreadedStreamDriver`), events on the
 simulator (``trainers.sim.comm.SimStreamDriver``). Both offer the same methods: ``lock``,
-``enter``, ``send``, ``recv``, ``notify``, ``wait``, ``close``.
+``enter``, ``send``, ``recv``, ``recv_any``, ``notify``, ``wait``, ``close``; ``send``, ``recv`` and
+``recv_any`` take a message tag (the streams' own by default; SwarmSGD's pairwise averaging uses
+the two after it, :mod:`trainers.algorithms.swarmsgd`).
 """
 
 from __future__ import annotations
@@ -61,15 +63,22 @@ class ThreadedStreamDriver:
         """Called first by every :class:`MessageStreams` method, on the rank's thread (nothing to do
         here; a simulated rank first catches up with virtual time)."""
 
-    def send(self, message: torch.Tensor, dst: int, on_done: Callable[[], None]) -> None:
-        """Start sending ``message``; ``on_done()`` once it is handed to the transport."""
-        wait_fn, _ = self.comm.tagged_isend(message, dst, STREAM_TAG)
-        self._after(("send", dst), wait_fn, on_done)
+    def send(self, message: torch.Tensor, dst: int, on_done: Callable[[], None], tag: int = STREAM_TAG) -> None:
+        """Start sending ``message`` (message tag ``tag``); ``on_done()`` once it is handed to the transport."""
+        wait_fn, _ = self.comm.tagged_isend(message, dst, tag)
+        self._after(("send", dst, tag), wait_fn, on_done)
 
-    def recv(self, buffer: torch.Tensor, src: int, on_done: Callable[[], None]) -> None:
-        """Post a receive into ``buffer``; ``on_done()`` once a message arrived in it."""
-        wait_fn, _ = self.comm.tagged_irecv(buffer, src, STREAM_TAG)
-        self._after(("recv", src), wait_fn, on_done)
+    def recv(self, buffer: torch.Tensor, src: int, on_done: Callable[[], None], tag: int = STREAM_TAG) -> None:
+        """Post a receive into ``buffer`` (message tag ``tag``); ``on_done()`` once a message arrived in it."""
+        wait_fn, _ = self.comm.tagged_irecv(buffer, src, tag)
+        self._after(("recv", src, tag), wait_fn, on_done)
+
+    def recv_any(self, buffer: torch.Tensor, tag: int, on_done: Callable[[int], None]) -> None:
+        """Post a receive from any source with message tag ``tag`` into ``buffer``; ``on_done(src)``
+        once a message arrived in it (SwarmSGD's requests: who asks is not known in advance)."""
+        wait_fn, _ = self.comm.tagged_irecv_any(buffer, tag)
+        source: list[int] = []
+        self._after(("recv_any", -1, tag), lambda: source.append(wait_fn()), lambda: on_done(source[0]))
 
     def notify(self) -> None:
         """Wake :meth:`wait` to look again (called with the lock held)."""
@@ -94,13 +103,13 @@ class ThreadedStreamDriver:
             for work, _ in workers.values():
                 work.put(None)
         deadline = time.monotonic() + timeout_s  # real threads: the wall clock, never a virtual one
-        for (direction, peer), (_, thread) in workers.items():
+        for (direction, peer, _), (_, thread) in workers.items():
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
             if thread.is_alive():
                 log.warning("rank %d: message stream thread %s (%s, peer rank %d) still waits on its operation "
                             "%.1f s after close; left running", self.comm.rank, thread.name, direction, peer, timeout_s)
 
-    def _after(self, key: tuple[str, int], wait_fn: Callable, on_done: Callable[[], None]) -> None:
+    def _after(self, key: tuple[str, int, int], wait_fn: Callable, on_done: Callable[[], None]) -> None:
         if key not in self._workers:
             work: queue.SimpleQueue = queue.SimpleQueue()
             thread = threading.Thread(target=self._work, args=(work,), daemon=True,

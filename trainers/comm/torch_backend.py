@@ -125,9 +125,12 @@ class TorchComm(Comm):
                                       "does not allow: use comm backend gloo (CUDA tensors are staged through the CPU)")
         return super().stream_driver()
 
-    def _irecv_any(self, tensor, sources=None):
+    def tagged_irecv_any(self, tensor, src_tag):
+        return self._irecv_any(tensor, tag=BACKGROUND_TAG_BASE + src_tag)
+
+    def _irecv_any(self, tensor, sources=None, tag: int = 0):
         payload, copy_back = self._staged(tensor)
-        work = self._dist.irecv(payload, src=None)  # src None: any source (gloo; nccl cannot)
+        work = self._dist.irecv(payload, src=None, tag=tag)  # src None: any source (gloo; nccl cannot)
 
         def wait_fn() -> int:
             work.wait()

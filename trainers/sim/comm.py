@@ -262,13 +262,18 @@ class SimStreamDriver:
     def enter(self) -> None:
         self.sim.settle()
 
-    def send(self, message: torch.Tensor, dst: int, on_done: Callable[[], None]) -> None:
+    def send(self, message: torch.Tensor, dst: int, on_done: Callable[[], None], tag: int = STREAM_TAG) -> None:
         sent = Completion(what=f"stream message to rank {dst}", callbacks=[on_done])
-        self.comm.exchange.send(_Message(self.comm.rank, dst, STREAM_TAG, message.detach().clone(), sent, self.sim.now))
+        self.comm.exchange.send(_Message(self.comm.rank, dst, tag, message.detach().clone(), sent, self.sim.now))
 
-    def recv(self, buffer: torch.Tensor, src: int, on_done: Callable[[], None]) -> None:
+    def recv(self, buffer: torch.Tensor, src: int, on_done: Callable[[], None], tag: int = STREAM_TAG) -> None:
         done = Completion(what=f"stream message from rank {src}", callbacks=[on_done])
-        self.comm.exchange.post(self.comm.rank, _Receive(buffer, src, None, STREAM_TAG, done, self.sim.now))
+        self.comm.exchange.post(self.comm.rank, _Receive(buffer, src, None, tag, done, self.sim.now))
+
+    def recv_any(self, buffer: torch.Tensor, tag: int, on_done: Callable[[int], None]) -> None:
+        receive = _Receive(buffer, None, None, tag, Completion(what="message from any rank"), self.sim.now)
+        receive.done.callbacks.append(lambda: on_done(receive.source))
+        self.comm.exchange.post(self.comm.rank, receive)
 
     def notify(self) -> None:
         if self._waiting is not None and not self._waiting.done:
