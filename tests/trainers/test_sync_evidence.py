@@ -73,10 +73,19 @@ def test_a_parameter_server_counts_on_the_servers_the_updates_it_applies(tmp_pat
 
 
 def test_swarmsgd_counts_an_average_when_it_is_applied_not_when_it_starts(tmp_path):
-    out, _ = simulate(tmp_path, "swarmsgd", 2, {"name": "swarmsgd", "params": {"H": 4}})
+    out, _ = simulate(tmp_path, "swarmsgd", 2, {"name": "swarmsgd", "params": {"H": 4, "interaction": "rounds"}})
     counts = syncs_by_step(out, 0)
     assert counts[:3] == [0, 0, 0]  # the first round starts at the end of step 3
     assert sum(counts) == 3  # rounds started at steps 3, 7, 11, each applied once (the last by finish)
+
+
+def test_swarmsgd_async_counts_each_half_of_an_interaction_where_it_is_applied(tmp_path):
+    # 2 ranks, 6 ms steps, 20 ms one way: both start an interaction at the end of step 3 (a
+    # crossing: rank 1 answers rank 0's, rank 0 cancels rank 1's). The request takes three one-way
+    # delays (gloo's receive from any source answers the sender's notice first) and the reply one:
+    # 80 ms, past the last step, so both halves are applied by finish (step 11), none before.
+    out, _ = simulate(tmp_path, "swarmsgd-async", 2, {"name": "swarmsgd", "params": {"H": 4, "quantize": "none"}})
+    assert syncs_by_step(out, 0) == syncs_by_step(out, 1) == [0] * 11 + [1]
 
 
 def _trained_apart(cfg, world_size: int, rank: int) -> dict:

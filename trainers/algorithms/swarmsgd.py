@@ -28,9 +28,10 @@ What is the paper's and what is approximated here:
   node gives one after another are exact (each answer's snapshot includes the averages queued
   before it).
 * Two nodes that pick each other at once (a crossing: each receives the other's request while
-  waiting for the other's reply) would swap their models if both requests were answered; both
-  answer ``crossed`` instead and neither applies anything for either request. That interaction
-  is lost (each draws again after its next H steps).
+  waiting for the other's reply) would swap their models if both requests were answered: the
+  lower rank answers the higher one's request ``crossed`` (neither side applies anything for it)
+  and the higher rank answers the lower one's as usual, so the pair averages once. Each side
+  applies its half exactly when a ``reply`` (not ``crossed``) was sent, so the two always agree.
 * A node has at most ``max_outstanding`` requests out (default 1); with that many out, it keeps
   taking local steps and starts its next interaction at the first step boundary after a reply.
   A partner that is itself busy (its own request out, or computing) answers at once all the same;
@@ -154,7 +155,7 @@ class AsyncState:
     queued: the sum of the averages that arrived and are not applied yet (None: none), and their
     count; queued_age: age in steps of the oldest own reply among them; partners: the partner of
     every interaction started, in order; answered: the requester of every request answered, in
-    order; crossed: requests cancelled as crossings; stopped: the ring's stop arrived.
+    order; crossed: requests answered ``crossed`` (cancelled crossings); stopped: the ring's stop arrived.
     """
 
     local_steps: int = 0
@@ -330,7 +331,8 @@ class SwarmSGD(GossipAlgorithm):
             self.driver.notify()
             return
         self._post_request_receive()
-        crossing = any(request.partner == src for request in state.outstanding)
+        # a crossing (this node waits for src's reply to its own request): only the higher rank answers
+        crossing = self.comm.rank < src and any(request.partner == src for request in state.outstanding)
         mine = self._virtual_flat()
         reply, own_decoded = self._encode(mine, CROSSED if crossing else REPLY)
         self.comm.account("irecv", 0, self.message_bytes, 0.0)
