@@ -171,3 +171,8 @@ def test_a_comm_without_tagged_messages_gets_rounds_on_auto_and_refuses_async(ca
     assert "round-based exchange" in caplog.text
     with pytest.raises(ValueError, match=r"^interaction: async needs the comm's tagged point-to-point messages"):
         SwarmSGD(SwarmSGDParams(interaction="async"), _context(comm))
+
+
+def test_a_single_rank_trains_alone(tmp_path):
+    probes = simulate(tmp_path, "alone", 1, {"H": 1}, steps=5)
+    assert probes[0].swarm.partners == [] and probes[0].syncs_applied == 0

@@ -248,7 +248,8 @@ class SwarmSGD(GossipAlgorithm):
 
     def _due(self) -> bool:
         """Whether this node starts an interaction now: H local steps done and a request free."""
-        return self.swarm.local_steps >= self.params.H and len(self.swarm.outstanding) < self.params.max_outstanding
+        return (bool(self.neighbours) and self.swarm.local_steps >= self.params.H
+                and len(self.swarm.outstanding) < self.params.max_outstanding)
 
     def _virtual_flat(self) -> torch.Tensor:
         """The model with the averages queued for it: what an answer given now must show."""
