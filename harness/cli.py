@@ -440,6 +440,10 @@ def cmd_regress(args) -> int:
                        update_baselines=args.update_baselines)
 
 
+WIDE_HELP = ("the terminal table with every headline column under its full name (default: the columns "
+             "read first, fitted to 100 columns; summary.csv has them all)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="wanbench", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -498,18 +502,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="overrides the scenario's time_dilation: network K times slower, reported times / K; "
                         "auto: K from this machine's measured step and the compute profile")
     p.add_argument("--output", help="runs folder (default results/runs)")
-    p.add_argument("--wide", action="store_true",
-                   help="the terminal table with every headline column under its full name (default: "
-                        "the columns read first, fitted to 100 columns; summary.csv has them all)")
+    p.add_argument("--wide", action="store_true", help=WIDE_HELP)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("report", help="summary tables (markdown, CSV) and figures (PNG, SVG) of run directories")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="results/runs/<scenario>/<run-id>")
     p.add_argument("--out", metavar="DIR", help="output folder (default RUN_DIR/report for one run, "
                                                 "else results/reports/<time>)")
-    p.add_argument("--wide", action="store_true",
-                   help="the terminal table with every headline column under its full name (default: "
-                        "the columns read first, fitted to 100 columns; summary.csv has them all)")
+    p.add_argument("--wide", action="store_true", help=WIDE_HELP)
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("export", help="write a finished run's records as TensorBoard event files (one run per "
