@@ -9,7 +9,7 @@ import torch
 
 import json
 
-from tests.trainers.conftest import BASE_CONFIG, evaluations, merge, records, run_training
+from tests.trainers.conftest import BASE_CONFIG, evaluations, merge, records, run_sessions, run_training
 from tests.trainers.test_async_ps import RunnerData
 from tests.trainers.workers import eawild_service_worker
 from trainers.algorithms import get_algorithm
@@ -161,3 +161,19 @@ def test_with_one_worker_the_concurrent_server_equals_the_serial_one_on_the_simu
             assert [r.get(field) for r in steps["serial"]] == [r.get(field) for r in steps["concurrent"]], field
     assert [r["staleness"] for r in records(outputs["concurrent"], 1, "step")] == [0, None] * 8
     assert records(outputs["concurrent"], 1, "step")[-1]["time_s"] < records(outputs["serial"], 1, "step")[-1]["time_s"]
+
+
+@pytest.mark.slow
+def test_with_one_worker_the_concurrent_server_equals_the_serial_one_on_gloo(tmp_path, spawn_ranks):
+    """The same on real gloo ranks (the concurrent server's receiving thread, not the simulator's
+    events): server rank 0 and one worker, 12 steps, tau 3; centre, replica and staleness equal."""
+    base = {"steps": 12, "eval_every": 6, "save_final_model": True, "optimizer": {"momentum": 0.9}}
+    outputs = run_sessions(spawn_ranks, tmp_path, 2, {
+        mode: {**base, "algorithm": {"name": "eawild", "params": {"tau": 3, "server": mode}}}
+        for mode in ("serial", "concurrent")})
+    for rank in (0, 1):
+        serial = torch.load(outputs["serial"] / f"rank{rank}_final.pt")
+        concurrent = torch.load(outputs["concurrent"] / f"rank{rank}_final.pt")
+        assert all(torch.equal(serial[k], concurrent[k]) for k in serial), f"rank {rank} differs"
+    staleness = {mode: [r["staleness"] for r in records(outputs[mode], 1, "step")] for mode in outputs}
+    assert staleness["serial"] == staleness["concurrent"] == [0, None, None] * 4

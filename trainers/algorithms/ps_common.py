@@ -5,7 +5,9 @@ parameters cut into contiguous ranges, one per server (in the order given); ever
 worker. The harness maps ranks to regions in order, so choosing the server ranks chooses where the
 servers are. The runner still hands servers a batch each step; they ignore it.
 
-Messages (point to point, tag 0; messages between one pair of ranks arrive in the order sent):
+Messages (point to point, tag 0, as the serial server receives them; a concurrent server's are
+the same header and payload in one buffer, on the stream driver's tag; messages between one pair
+of ranks arrive in the order sent):
 
 * worker -> server: a float64 header ``[step, base_version, want_reply, loss]``, then the payload
   (the worker's values for that server's range, in the parameters' dtype);
