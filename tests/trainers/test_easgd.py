@@ -177,3 +177,25 @@ def test_with_one_worker_the_concurrent_server_equals_the_serial_one_on_gloo(tmp
         assert all(torch.equal(serial[k], concurrent[k]) for k in serial), f"rank {rank} differs"
     staleness = {mode: [r["staleness"] for r in records(outputs[mode], 1, "step")] for mode in outputs}
     assert staleness["serial"] == staleness["concurrent"] == [0, None, None] * 4
+
+
+def test_a_concurrent_server_on_a_comm_without_tagged_messages_is_refused_naming_the_field():
+    """nccl and the elastic tcp comm have no tagged messages on threads: the error says to use serial."""
+    from trainers.algorithms import AlgorithmContext
+    from trainers.comm import Comm
+    from trainers.config import OptimizerConfig
+
+    class PlainComm(Comm):  # a worker rank whose backend has point to point but no tagged messages
+        def _broadcast(self, tensor, src):
+            return (lambda: tensor), (lambda: True)
+
+        def _barrier(self):
+            return (lambda: None), (lambda: True)
+
+        _all_reduce = _all_gather = _isend = _irecv = lambda self, *args: pytest.fail("not expected")
+
+    ctx = AlgorithmContext(model=torch.nn.Linear(3, 2), comm=PlainComm(rank=1, world_size=2), loss_fn=loss_fn,
+                           optimizer=OptimizerConfig(), lr=0.1, device=torch.device("cpu"))
+    with pytest.raises(ConfigError, match="^server: concurrent needs tagged messages .*use server: serial"):
+        EAWild(EAWildParams(), ctx).setup()
+    EAWild(EAWildParams(server="serial"), ctx).setup()  # the serial server needs none
