@@ -199,3 +199,22 @@ def test_a_concurrent_server_on_a_comm_without_tagged_messages_is_refused_naming
     with pytest.raises(ConfigError, match="^server: concurrent needs tagged messages .*use server: serial"):
         EAWild(EAWildParams(), ctx).setup()
     EAWild(EAWildParams(server="serial"), ctx).setup()  # the serial server needs none
+
+
+def test_on_the_simulator_four_workers_exchanges_overlap_on_a_concurrent_server_and_queue_on_a_serial_one(tmp_path):
+    """tau 1, 12 steps, 20 ms one way, no NIC limit: the concurrent server's job takes the time a
+    lone worker's does (each connection's receive is posted ahead, so the exchanges' messages
+    overlap); the serial server's more than doubles (each exchange's messages wait for the one
+    before: about four one-way delays each)."""
+    from tests.trainers.test_sim import network
+    from trainers.sim import ComputeModel, run_simulated
+
+    def server_time_s(mode: str, workers: int) -> float:
+        output = tmp_path / f"{mode}{workers}"
+        changes = {"steps": 12, "eval_every": 12, "algorithm": {"name": "eawild", "params": {"tau": 1, "server": mode}}}
+        run_simulated(load_config(merge(BASE_CONFIG, {**changes, "output_dir": str(output)})), workers + 1,
+                      network(workers + 1, 0.02, 125e6), ComputeModel(0.005, 0.001))
+        return sum(r["step_s"] for r in records(output, 0, "step"))
+
+    assert server_time_s("concurrent", 4) == pytest.approx(server_time_s("concurrent", 1), rel=0.05)
+    assert server_time_s("serial", 4) > 2 * server_time_s("serial", 1)
