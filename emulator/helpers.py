@@ -94,11 +94,11 @@ def is_recorded_helper(prefix: str):
 def die_with_parent(parent_pid: int, signum: int = signal.SIGTERM):
     """A Popen preexec_fn: the child gets `signum` when the thread that started it ends
     (PR_SET_PDEATHSIG; the harness starts its helpers from its main thread, so: when the harness
-    ends, SIGKILL included), and exits at once if that parent already died before the call."""
+    ends, SIGKILL included), and gets it at once if that parent already died before the call."""
     libc = ctypes.CDLL(None, use_errno=True)  # loaded here: the child between fork and exec only calls it
 
     def preexec() -> None:
         libc.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
-        if os.getppid() != parent_pid:  # the parent died between fork and prctl
-            os._exit(1)
+        if os.getppid() != parent_pid:  # the parent died between fork and prctl: what it would have sent
+            os.kill(os.getpid(), signum)
     return preexec

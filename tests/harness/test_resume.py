@@ -24,7 +24,7 @@ import pytest
 import harness.jobs as jobs_module
 import harness.run as run_module
 from emulator import helpers
-from emulator.processes import alive, wait_gone
+from emulator.processes import alive, cmdline, wait_gone
 from harness import cli
 from harness.scenario import load_scenario
 
@@ -354,7 +354,11 @@ def test_a_following_evaluator_ends_by_itself_when_the_harness_is_killed(tmp_pat
     finally:
         os.killpg(parent.pid, signal.SIGKILL)  # the harness's process group; the evaluator has its own session
         parent.wait(timeout=30)
-    assert wait_gone([evaluator_pid], 10.0) == [], "the evaluator outlived the harness"
+    try:
+        assert wait_gone([evaluator_pid], 10.0) == [], "the evaluator outlived the harness"
+    finally:  # a failed test leaves nothing behind either
+        if alive(evaluator_pid) and "trainers.evaluate" in cmdline(evaluator_pid):
+            os.kill(evaluator_pid, signal.SIGKILL)
     if started == "watch-only":
         assert f"(pid {parent.pid}) is gone" in (job_dir / "evaluator.log").read_text()
 
