@@ -15,7 +15,8 @@ Each job's files are written from its spec (harness/jobspec.py: made once per jo
 on tun, read by run_job / run_sim_job); job.json when the job ends (harness/jobs.py).
     COMPLETE               written last; its absence marks an incomplete run
     INTERRUPTED            written instead when a signal or an error ended the run (with why)
-    resumes.jsonl          one line per `wanbench run --resume` (when, jobs kept, folders cleared)
+    resumes.jsonl          one line per `wanbench run --resume` (when, jobs kept, folders cleared,
+                           the environment it ran in: the jobs re-run may run on another commit)
 
 The run folder appears with scenario.json and environment.json in it (made under a hidden name
 and renamed), and a job's job.json is its last file (written atomically): a run killed at any
@@ -292,9 +293,10 @@ def resume_run(run_dir, scenario_file: Optional[str] = None, backend_name: Optio
         shutil.rmtree(path)
     for marker in ("INTERRUPTED", "COMPLETE"):
         (run_dir / marker).unlink(missing_ok=True)
-    with open(run_dir / "resumes.jsonl", "a") as log:
+    with open(run_dir / "resumes.jsonl", "a") as log:  # the jobs run now may run on another commit or machine
         log.write(json.dumps({"time": datetime.datetime.now().isoformat(), "kept": len(plan.kept),
-                              "cleared": [path.name for path in plan.cleared]}) + "\n")
+                              "cleared": [path.name for path in plan.cleared],
+                              "environment": environment(plan.backend_name)}, default=str) + "\n")
     console.print(f"resume {run_dir}: {len(plan.kept)} job(s) kept (ok), {len(plan.cleared)} folder(s) "
                   "cleared (failed, interrupted or partial); every job not kept runs now")
     completed = _run_in(run_dir, plan.scenario, backend_cls, console, plan.sim, plan.kept)
@@ -452,8 +454,8 @@ class _PointNetwork:
     def ready(self):
         """The backend with the network up (built and verified the first time)."""
         if not self.up:
-            self.up = True  # down() is owed from here on, even if up() fails half-way
-            self.backend.up()
+            self.backend.up()  # (a failed up() undoes itself, as before this was lazy)
+            self.up = True  # down() is owed from here on
             if self.scenario.spec.verify.enabled:
                 _verify_point(self.scenario, self.plan, self.point_dir, self.console)
         return self.backend
