@@ -232,7 +232,8 @@ def cmd_run(args) -> int:
         from .rundir import RunDir
 
         if RunDir(args.resume).environment.get("backend", "sim") != "sim" and read_state(prefix()) is not None:
-            raise SystemCheckError(f"a network is already up under prefix {prefix()!r}; 'wanbench down' first")
+            raise SystemCheckError(f"a network is already up under prefix {prefix()!r}: 'wanbench clean' first "
+                                   "(the killed run's network and ranks), or 'wanbench down' if it is yours")
         with teardown_on_signals():
             completed = resume_run(args.resume, args.file, args.backend)
         scenario_name = completed.run_dir.parent.name
