@@ -35,22 +35,36 @@ from trainers.sim import collectives  # noqa: E402
 
 # torchvision.models.resnet50().parameters(): 25,557,032 (the paper's model; fp32 gradients)
 RESNET50_PARAMS = 25_557_032
+SCENARIOS = ("paper-dts-fmnist.yaml", "paper-dts-lm.yaml")
+PAPER_PROFILE = "v100-resnet50-amp-b64"  # the ratio most favourable to DTS (FP32: 3.3x less)
 ROUNDS = 30  # back-to-back all-reduces; the median of the last half is the steady step
 
 
-def model_params(name: str) -> int:
-    """Parameter count of a ready workload's model (scenarios/workloads/NAME), built as it is built."""
+def model_params(scenario: Path) -> int:
+    """Parameter count of a scenario's model, built as its workload builds it (LeNet on 28x28
+    images, 10 classes; the byte LM on seq_len bytes, 256 classes)."""
     import yaml
 
     from trainers.models import build_model
-    spec = yaml.safe_load((ROOT / "scenarios" / "workloads" / name).read_text())["workload"]
+    spec = yaml.safe_load(scenario.read_text())["workload"]
     model = spec["model"]
     if model["name"] == "lenet":
         shape, classes = (1, 28, 28), 10
-    else:  # the byte LM: sequences of seq_len bytes, 256 classes
+    else:
         shape, classes = (spec["dataset"]["params"]["seq_len"],), 256
     built = build_model(model["name"], model.get("params", {}), shape, classes, seed=0)
     return sum(p.numel() for p in built.parameters() if p.requires_grad)
+
+
+def paper_ratio(profile_name: str = PAPER_PROFILE) -> float:
+    """ResNet-50's all-reduce on aws-4region over the profile's GPU step (all-reduce / compute)."""
+    step_s = load_profile(profile_name).step_s
+    return steady_allreduce_s(RESNET50_PARAMS * 4, step_s)[0] / step_s
+
+
+def matched_compute_s(params: int, profile_name: str = PAPER_PROFILE) -> float:
+    """Per-step compute (s) that gives a model of ``params`` fp32 gradients the paper's ratio."""
+    return steady_allreduce_s(params * 4, 0.01)[0] / paper_ratio(profile_name)
 
 
 def steady_allreduce_s(nbytes: float, compute_s: float) -> tuple[float, str]:
@@ -83,12 +97,12 @@ def main() -> int:
     print("|---|---|---|---|---|---|")
     for name, step, ar, algorithm in rows:
         print(f"| {name} | {step:.3f} | {ar:.3f} | {algorithm} | {ar / step:.1f} | {(step + ar) / step:.1f}x |")
-    print("\n| workload | parameters | all-reduce (s) | compute_s for the AMP ratio | for the FP32 ratio |")
+    print("\n| scenario | parameters | all-reduce (s) | compute_s for the AMP ratio | for the FP32 ratio |")
     print("|---|---|---|---|---|")
-    for workload in ("fashion-mnist-lenet.yaml", "stdlib-lm.yaml"):
-        params = model_params(workload)
+    for scenario in SCENARIOS:
+        params = model_params(ROOT / "scenarios" / scenario)
         ar, _ = steady_allreduce_s(params * 4, 0.01)
-        print(f"| {workload} | {params:,} | {ar:.4f} | {ar * rows[0][1] / rows[0][2]:.4f} | "
+        print(f"| {scenario} | {params:,} | {ar:.4f} | {ar * rows[0][1] / rows[0][2]:.4f} | "
               f"{ar * rows[1][1] / rows[1][2]:.4f} |")
     return 0
 

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from harness.evidence import FIRST_SYNCS_FILE, PAPERS_ROOT, evidence_size, thin_evals, write_evidence
-from harness.results import MIN_SEEDS, accuracy_at, across_seeds, time_to_target
+from harness.results import MIN_SEEDS, accuracy_at, across_seeds, sync_reference, time_to_target
 from harness.rundir import JobDir
 from emulator.schema import ConfigError
 
@@ -140,8 +140,10 @@ def test_the_summary_follows_from_the_committed_evals(folder):
         else:
             assert not syncs.exists()
     for (network, label, seed), time_s in times.items():
-        sync_time = times.get((network, "sync", seed))
         expected = summary[(summary["network"] == network) & (summary["label"] == label) & (summary["seed"] == seed)]
+        # sync of the same seed; under tuning, of the same phase (a candidate: sync's candidate of its lr)
+        reference = sync_reference(summary, expected.iloc[0])
+        sync_time = None if reference is None else times.get((network, reference["label"], seed))
         speedup = expected["speedup_vs_sync"].iloc[0]
         if pd.notna(time_s) and sync_time is not None and pd.notna(sync_time):
             assert speedup == pytest.approx(sync_time / time_s, rel=1e-9)
@@ -217,6 +219,11 @@ def test_write_evidence_copies_a_run(tmp_path):
     assert manifest["evaluations"] == 3 * len(full) and "reduced" in (made.folder / "README.md").read_text()
     seeds = pd.read_csv(made.folder / "across_seeds.csv")
     assert seeds["seeds"].tolist() == [3]
+    assert not (made.folder / "tuning.json").exists()  # an untuned run has none to copy
+    (run_dir / "tuning.json").write_text('{"seed": 0, "picks": "as harness/tuning.py writes them"}')
+    tuned = write_evidence(run_dir, "fig-1", tmp_path / "papers", every=5)
+    assert (tuned.folder / "tuning.json").read_text() == (run_dir / "tuning.json").read_text()
+    assert "`tuning.json`" in (tuned.folder / "README.md").read_text()
 
 
 def test_write_evidence_refuses_a_partial_run_and_a_bad_name(tmp_path):
