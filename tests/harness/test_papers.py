@@ -72,10 +72,33 @@ def test_each_number_is_recomputed_from_its_evidence(row):
         return
     assert row["numbers"]
     for number in row["numbers"]:
-        folder = PAPERS_ROOT / number.get("evidence", row["evidence"])  # a number may come from another run
-        assert (folder / "summary.csv").is_file(), f"no evidence at {folder}"
-        seeds = across_seeds(pd.read_csv(folder / "summary.csv"))
+        seeds = across_seeds(evidence_summary(number.get("evidence", row["evidence"])))  # a number may come from another run
         assert formatted(number, number_value(number, seeds)) == number["text"], number
+
+
+def evidence_folders(evidence) -> list[Path]:
+    """An evidence entry's folders: one run, or a list of runs of one scenario split by seed."""
+    return [PAPERS_ROOT / name for name in ([evidence] if isinstance(evidence, str) else evidence)]
+
+
+def evidence_summary(evidence) -> pd.DataFrame:
+    """The summary.csv of an evidence entry; a list's runs concatenated (each holds its own seeds
+    with their own sync, so every ratio stays within one run)."""
+    frames = []
+    for folder in evidence_folders(evidence):
+        assert (folder / "summary.csv").is_file(), f"no evidence at {folder}"
+        frames.append(pd.read_csv(folder / "summary.csv"))
+    summary = pd.concat(frames, ignore_index=True)
+    assert not summary.duplicated(["network", "label", "seed"]).any(), f"{evidence}: a seed in two runs"
+    return summary
+
+
+def evidence_names(evidence) -> list[str]:
+    """What RESULTS' row must name: the run's folder, or for a list the figure's folder."""
+    if isinstance(evidence, str):
+        return [f"results/papers/{evidence}"]
+    assert len({name.split("/")[0] for name in evidence}) == 1, f"{evidence}: runs of several figures"
+    return [f"results/papers/{evidence[0].split('/')[0]}/"]
 
 
 @pytest.mark.parametrize("row", table_rows(), ids=lambda row: row["paper"])
@@ -92,8 +115,9 @@ def test_the_markdown_row_quotes_the_same_numbers(row):
         found = re.compile(r"(?<![\d.])" + re.escape(number["text"]) + r"(?![\d])").search(line, position)
         assert found, f"RESULTS' {row['paper']} row does not quote {number['text']!r} (after position {position})"
         position = found.end()
-    for evidence in {row["evidence"], *(n["evidence"] for n in row["numbers"] if "evidence" in n)}:
-        assert f"results/papers/{evidence}" in line, f"RESULTS' {row['paper']} row does not name {evidence}"
+    for evidence in [row["evidence"], *(n["evidence"] for n in row["numbers"] if "evidence" in n)]:
+        for name in evidence_names(evidence):
+            assert name in line, f"RESULTS' {row['paper']} row does not name {name}"
 
 
 def test_evidence_stays_small():
