@@ -269,20 +269,12 @@ class P3(Algorithm):
         n, rank, size = self.comm.world_size, self.comm.rank, self.params.slice_elements
         order = self.state.forward_order + [i for i in range(len(self.layers)) if i not in self.state.forward_order]
         params_in_order = [i for layer in order for i in self.layer_params[layer]]
-        total = sum(self.trainable[i].numel() for i in params_in_order)
-        self.slices = [_Slice(start, min(size, total - start), owner=k % n)
-                       for k, start in enumerate(range(0, total, size))]
+        self.slices = self._cut_slices(params_in_order)
         self.owned_by = [sum(1 for piece in self.slices if piece.owner == r) for r in range(n)]
         self.slices_of_param = [[] for _ in self.trainable]
-        offset = 0
-        for i in params_in_order:
-            numel = self.trainable[i].numel()
-            for k in range(offset // size, (offset + numel - 1) // size + 1 if numel else 0):
-                piece = self.slices[k]
-                lo, hi = max(offset, piece.start), min(offset + numel, piece.start + piece.numel)
-                piece.segments.append((i, lo - offset, hi - offset, lo - piece.start))
+        for k, piece in enumerate(self.slices):
+            for i, *_ in piece.segments:
                 self.slices_of_param[i].append(k)
-            offset += numel
         layer_of = {i: layer for layer, owned in enumerate(self.layer_params) for i in owned}
         self.slices_of_layer = [[] for _ in self.layers]
         for k, piece in enumerate(self.slices):
@@ -291,6 +283,22 @@ class P3(Algorithm):
         self.owned = {k: _Owned(torch.zeros(n, size, dtype=self.dtype))
                       for k, piece in enumerate(self.slices) if piece.owner == rank}
         self.streams = MessageStreams(self.comm, size, self.dtype, self._on_message, order=self.order)
+
+    def _cut_slices(self, params_in_order: list[int]) -> list[_Slice]:
+        """P3's slices: the concatenation of ``params_in_order`` cut every ``slice_elements``
+        (a slice may span parameters), slice k owned by rank k mod n."""
+        n, size = self.comm.world_size, self.params.slice_elements
+        total = sum(self.trainable[i].numel() for i in params_in_order)
+        slices = [_Slice(start, min(size, total - start), owner=k % n) for k, start in enumerate(range(0, total, size))]
+        offset = 0
+        for i in params_in_order:
+            numel = self.trainable[i].numel()
+            for k in range(offset // size, (offset + numel - 1) // size + 1 if numel else 0):
+                piece = slices[k]
+                lo, hi = max(offset, piece.start), min(offset + numel, piece.start + piece.numel)
+                piece.segments.append((i, lo - offset, hi - offset, lo - piece.start))
+            offset += numel
+        return slices
 
     def _expect_round(self) -> None:
         """Post one step's receives: from each peer, a push of every slice this rank owns and a
