@@ -1,10 +1,12 @@
 """The P3 paper's comparison from finished sim runs of scenarios/paper-p3-*.yaml: steps/s per
 job, the median and range over seeds per label, and p3 over each baseline.
 
-Steps/s is rank 0's steady state: steps 3..N over their virtual time (the first two steps are
-warm-up: the first has no earlier exchange to overlap, the second waits for the first's), where
-summary.csv's steps_per_s counts every step. On sim the clock does not depend on the data, so the
-seeds should give the same figure: the range says whether they did.
+Steps/s is rank 0's steady state: steps 3..N-1 over their virtual time. The first two steps are
+warm-up (the first has no earlier exchange to overlap, the second waits for the first's), and the
+last is left out too: p3's and ps_sync's last step record also holds the final flush, a whole
+exchange more (twice the bytes). summary.csv's steps_per_s counts every step. On sim the clock
+does not depend on the data, so the seeds should give the same figure: the range says whether
+they did.
 
     .venv/bin/python bench/bench_p3_paper.py results/runs/paper-p3-resnet50/<run> [more runs] \
         [--csv results/papers/p3/p3-paper.csv]
@@ -30,11 +32,12 @@ P3 = "p3"
 def steady_steps_per_s(rank0: Path, warmup: int = WARMUP_STEPS) -> tuple[float, int, float]:
     """(steps/s after `warmup` steps, steps counted, bytes sent per step) from a rank's records."""
     steps = [row for row in map(json.loads, rank0.read_text().splitlines()) if "step_s" in row and "time_s" in row]
-    if len(steps) < warmup + 2:
-        raise ValueError(f"{rank0}: {len(steps)} steps, need at least {warmup + 2}")
+    if len(steps) < warmup + 3:
+        raise ValueError(f"{rank0}: {len(steps)} steps, need at least {warmup + 3}")
     times = [row["time_s"] for row in steps]
-    counted = len(steps) - warmup - 1
-    return counted / (times[-1] - times[warmup]), counted, steps[-1].get("bytes_sent", float("nan"))
+    counted = steps[warmup + 1 : -1]  # time_s is each step's end
+    sent = statistics.median(row.get("bytes_sent", float("nan")) for row in counted)
+    return len(counted) / (times[-2] - times[warmup]), len(counted), sent
 
 
 def jobs(run_dir: Path) -> list[dict]:
@@ -79,7 +82,7 @@ def main(argv=None) -> int:
     table = by_label(rows)
     print(f"# P3 paper comparison, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
           f"python {platform.python_version()}, {platform.machine()}; runs: {', '.join(str(r) for r in args.runs)}")
-    print(f"steady state: steps {WARMUP_STEPS + 1}.. of rank 0, virtual time (sim)\n")
+    print(f"steady state: rank 0's steps after the first {WARMUP_STEPS}, the last left out; virtual time (sim)\n")
     print("| scenario | label | seeds | steps/s median | range | p3 / this |")
     print("|---|---|---|---|---|---|")
     for row in table:
