@@ -45,7 +45,13 @@ def jobs(run_dir: Path) -> list[dict]:
     name = scenario.get("name") or scenario.get("spec", {}).get("name") or run_dir.parent.name
     rows = []
     for job_dir in sorted((run_dir / "jobs").iterdir()):
+        if not (job_dir / "job.json").is_file():  # written when the job has ended
+            print(f"skipped (not finished): {job_dir}")
+            continue
         spec = json.loads((job_dir / "job.json").read_text())
+        if spec.get("status") != "ok":
+            print(f"skipped ({spec.get('status')}: {spec.get('reason') or ''}): {job_dir}")
+            continue
         rate, counted, sent = steady_steps_per_s(job_dir / "rank0.jsonl")
         label = spec.get("base_label") or spec.get("label")
         rows.append({"scenario": name, "run": run_dir.name, "label": label, "seed": spec.get("seed"),
