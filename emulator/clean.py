@@ -3,7 +3,9 @@
 Idempotent, and it touches only objects named with the prefix: node holders (command line: the
 holder script and our state folder; ending one ends every process of its node), namespaces
 `<prefix>-*` (and the processes inside them, which only we start there), host links `<prefix>*`, our
-background processes (identified by their command line naming our state folder), cgroups
+background processes (identified by their command line naming our state folder), the harness's
+host helpers (the off-wire evaluator, a sim job's process: by the PID files emulator/helpers.py
+keeps under our state folder, each checked to be the very process recorded), cgroups
 `<prefix>-*` (cpu, memory, pids), /etc/netns/<prefix>-* and the run state. Mounts need nothing: a
 node's exist only in its mount namespace, gone with its last process. It never kills by a broad
 process name.
@@ -18,6 +20,7 @@ from pathlib import Path
 from pyroute2 import IPRoute
 
 from . import cgroups, netns, nodes
+from .helpers import is_recorded_helper, leftover_helpers
 from .backends.base import Backend, clear_state
 from .processes import stop_pids
 
@@ -53,6 +56,10 @@ def clean(prefix: str) -> list[str]:
     if holders or inside or background:
         stop_pids(holders + inside + background)
         removed += [f"process {pid}" for pid in holders + inside + background]
+    helpers = leftover_helpers(prefix)
+    if helpers:
+        stop_pids(helpers, is_ours=is_recorded_helper(prefix))
+        removed += [f"process {pid} (a run's helper)" for pid in helpers]
     for name in namespaces:
         netns.remove_namespace(name)
         removed.append(f"namespace {name}")

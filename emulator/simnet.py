@@ -225,7 +225,13 @@ class FluidNetwork:
         return self.latency_s + self.latency_s.T
 
     def connection_cap(self) -> np.ndarray:
-        """What one TCP connection can carry per pair (bytes/s): window per RTT, Mathis with loss."""
+        """What one TCP connection can carry per pair (bytes/s): window per RTT, Mathis with loss.
+        Cached until a link changes (do not modify the array returned)."""
+        if self._cap is None:
+            self._cap = self._connection_cap()
+        return self._cap
+
+    def _connection_cap(self) -> np.ndarray:
         rtt = np.maximum(self.rtt_s(), 1e-6)
         cap = np.minimum(self.rate, self.tcp_window / rtt)
         lossy = (self.loss > 0) & (self.loss < 1)
@@ -255,10 +261,8 @@ class FluidNetwork:
         each charged as if they had the NICs to themselves."""
         src, dst = np.atleast_1d(src).astype(int), np.atleast_1d(dst).astype(int)
         start = np.broadcast_to(start, src.shape).astype(float)
-        if self._cap is None:
-            self._cap = self.connection_cap()
         with np.errstate(divide="ignore"):
-            alone = nbytes / self._cap[src, dst]
+            alone = nbytes / self.connection_cap()[src, dst]
             out_s = nbytes / self.nic  # per node
         left = np.maximum(self._processor_sharing(src, start, out_s), start + alone)
         lat = self.latency_s[src, dst]
@@ -287,7 +291,7 @@ class FluidNetwork:
         sorted_node, sorted_start = node[order], start[order]
         first = np.r_[0, np.flatnonzero(np.diff(sorted_node)) + 1]
         sizes = np.diff(np.r_[first, len(order)])
-        nodes, m = sorted_node[first], int(sizes.max()) if len(order) else 0
+        nodes, m = sorted_node[first], int(sizes.max())
         starts = np.full((len(nodes), m + 1), np.inf)     # per node, its jobs' starts in order
         position = np.arange(len(order)) - np.repeat(first, sizes)
         row = np.repeat(np.arange(len(nodes)), sizes)
@@ -346,7 +350,7 @@ class FluidNetwork:
         size, start = np.broadcast_to(size, src.shape).astype(float), np.broadcast_to(start, src.shape).astype(float)
         if not self.tcp:
             return np.zeros(len(src))
-        if len(np.unique(src * self.size + dst)) < len(src):
+        if np.bincount(src * self.size + dst, minlength=self.size * self.size).max(initial=0) > 1:
             raise ValueError("slow_start_s: one call takes each (src, dst) pair once (call again for the next message)")
         rtt = self.latency_s[src, dst] + self.latency_s[dst, src]
         bdp = np.maximum(1.0, np.ceil(self.rate[src, dst] * rtt / MSS_BYTES))
@@ -494,8 +498,6 @@ class FluidNetwork:
         flows = list(self._flows.values())
         if not flows:
             return
-        if self._cap is None:
-            self._cap = self.connection_cap()
         src = np.array([f.src for f in flows])
         dst = np.array([f.dst for f in flows])
         pairs, pair_index = np.unique(src * self.size + dst, return_inverse=True)
@@ -507,7 +509,7 @@ class FluidNetwork:
                 used, index = np.unique(ends, return_inverse=True)
                 kinds.append(index + sum(len(c) for c in capacity))
                 capacity.append(self.nic[used])
-        rates = max_min_rates(kinds, np.concatenate(capacity), self._cap[src, dst])
+        rates = max_min_rates(kinds, np.concatenate(capacity), self.connection_cap()[src, dst])
         for flow, rate in zip(flows, rates):
             flow.rate = float(rate)
 

@@ -221,25 +221,42 @@ def cmd_verify(args) -> int:
 def cmd_run(args) -> int:
     from .results import summary_table
     from .paths import RUNS_ROOT
-    from .run import run_scenario
+    from .run import resume_run, run_scenario
     from .scenario import AUTO_TIME_DILATION, load_scenario
 
-    scenario = load_scenario(args.file)  # every check before anything privileged
-    if args.time_dilation == AUTO_TIME_DILATION:
-        scenario = scenario.with_time_dilation(AUTO_TIME_DILATION)  # ConfigError without a compute profile
-    elif args.time_dilation is not None:
-        try:
-            scenario = scenario.with_time_dilation(check_time_dilation(float(args.time_dilation)))
-        except ValueError as exc:
-            raise ConfigError("", str(exc), source="--time-dilation") from None
-    backend = args.backend or scenario.spec.backend
-    if backend != "sim" and read_state(prefix()) is not None:
-        raise SystemCheckError(f"a network is already up under prefix {prefix()!r}; 'wanbench down' first")
-    with teardown_on_signals():
-        completed = run_scenario(scenario, backend, Path(args.output) if args.output else RUNS_ROOT)
+    if args.resume is not None:
+        for option in ("time_dilation", "output"):
+            if getattr(args, option) is not None:
+                raise ConfigError("", "a resumed run keeps the run's own (leave it out)",
+                                  source="--" + option.replace("_", "-"))
+        from .rundir import RunDir
+
+        if RunDir(args.resume).environment.get("backend", "sim") != "sim" and read_state(prefix()) is not None:
+            raise SystemCheckError(f"a network is already up under prefix {prefix()!r}: 'wanbench clean' first "
+                                   "(the killed run's network and ranks), or 'wanbench down' if it is yours")
+        with teardown_on_signals():
+            completed = resume_run(args.resume, args.file, args.backend)
+        scenario_name = completed.run_dir.parent.name
+    else:
+        if args.file is None:
+            raise ConfigError("", "give a scenario file, or --resume RUN_DIR", source="wanbench run")
+        scenario = load_scenario(args.file)  # every check before anything privileged
+        if args.time_dilation == AUTO_TIME_DILATION:
+            scenario = scenario.with_time_dilation(AUTO_TIME_DILATION)  # ConfigError without a compute profile
+        elif args.time_dilation is not None:
+            try:
+                scenario = scenario.with_time_dilation(check_time_dilation(float(args.time_dilation)))
+            except ValueError as exc:
+                raise ConfigError("", str(exc), source="--time-dilation") from None
+        backend = args.backend or scenario.spec.backend
+        if backend != "sim" and read_state(prefix()) is not None:
+            raise SystemCheckError(f"a network is already up under prefix {prefix()!r}; 'wanbench down' first")
+        with teardown_on_signals():
+            completed = run_scenario(scenario, backend, Path(args.output) if args.output else RUNS_ROOT)
+        scenario_name = scenario.name
     run_dir = completed.run_dir
     out = stdout_console()
-    out.print(summary_table(completed.summary, f"{scenario.name} {run_dir.name}", wide=args.wide,
+    out.print(summary_table(completed.summary, f"{scenario_name} {run_dir.name}", wide=args.wide,
                             width=terminal_table_width(out)))
     print_path(out, "run", run_dir)
     from .report import write_report
@@ -440,6 +457,10 @@ def cmd_regress(args) -> int:
                        update_baselines=args.update_baselines)
 
 
+WIDE_HELP = ("the terminal table with every headline column under its full name (default: the columns "
+             "read first, fitted to 100 columns; summary.csv has them all)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="wanbench", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -490,7 +511,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("run", help="run a scenario: build, verify, train every algorithm, compare, tear down")
-    p.add_argument("file", help="scenario file (scenarios/*.yaml)")
+    p.add_argument("file", nargs="?", help="scenario file (scenarios/*.yaml); with --resume, optional: checked "
+                                           "against the run's saved scenario (default: the file the run names)")
     p.add_argument("--backend", choices=backends + ["sim"], default=None,
                    help="overrides the scenario's backend; sim: no network, the trainers on a virtual clock "
                         "over a simulated one (docs/SCENARIOS.md)")
@@ -498,18 +520,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="overrides the scenario's time_dilation: network K times slower, reported times / K; "
                         "auto: K from this machine's measured step and the compute profile")
     p.add_argument("--output", help="runs folder (default results/runs)")
-    p.add_argument("--wide", action="store_true",
-                   help="the terminal table with every headline column under its full name (default: "
-                        "the columns read first, fitted to 100 columns; summary.csv has them all)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="finish an interrupted run (results/runs/<scenario>/<run-id>): "
+                                                       "re-run only its jobs that are not ok, keep the rest, then "
+                                                       "write the summary and report as an uninterrupted run would")
+    p.add_argument("--wide", action="store_true", help=WIDE_HELP)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("report", help="summary tables (markdown, CSV) and figures (PNG, SVG) of run directories")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="results/runs/<scenario>/<run-id>")
     p.add_argument("--out", metavar="DIR", help="output folder (default RUN_DIR/report for one run, "
                                                 "else results/reports/<time>)")
-    p.add_argument("--wide", action="store_true",
-                   help="the terminal table with every headline column under its full name (default: "
-                        "the columns read first, fitted to 100 columns; summary.csv has them all)")
+    p.add_argument("--wide", action="store_true", help=WIDE_HELP)
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("export", help="write a finished run's records as TensorBoard event files (one run per "

@@ -54,6 +54,18 @@ class ComputeProfile(BaseModel):
     step_s: float = Field(gt=0, le=3600)
     source: str = Field(min_length=1)
     description: str = ""
+    # Reserved for measured per-layer shares of step_s (one per module that owns parameters, in
+    # forward order, summing to 1), to replace the spread by multiply-accumulates
+    # (trainers/padding.py) once such a profile exists; refused until it is applied.
+    layer_fractions: Optional[list[float]] = None
+
+    @pydantic.field_validator("layer_fractions")
+    @classmethod
+    def _layer_fractions_not_applied_yet(cls, value):
+        if value is not None:
+            raise ValueError("reserved for measured per-layer shares of step_s and not applied yet (step_s is "
+                             "spread over the layers by multiply-accumulates, trainers/padding.py): remove it")
+        return value
 
 
 def load_profile(reference: str, scenario_file: Optional[str] = None) -> ComputeProfile:

@@ -47,6 +47,8 @@ PAPERS_ROOT = RESULTS / "papers"   # committed evidence of docs/RESULTS.md's hea
 EVERY_KTH = 10                     # thinning: every 10th evaluation (plus the ones the numbers need)
 FIRST_SYNCS_FILE = "first_syncs.jsonl"
 RUN_FILES = ("summary.csv", "scenario.json", "environment.json")
+# copied where the run has it: a tuned run's protocol, candidates, scores and picks (harness/tuning.py)
+OPTIONAL_RUN_FILES = ("tuning.json",)
 THINNING_RULE = ("evaluations in step order: the first, the last, every {every}th, the first with the best "
                  "accuracy, the first at or over the target accuracy and the one before it, the same pair "
                  "for a loss target, the last within the step budget and the last within the time budget")
@@ -156,6 +158,9 @@ def write_evidence(run_dir, figure: str, papers_root: Path = PAPERS_ROOT, every:
     out.mkdir(parents=True)
     for name in RUN_FILES:
         shutil.copyfile(run.path / name, out / name)
+    for name in OPTIONAL_RUN_FILES:
+        if (run.path / name).is_file():
+            shutil.copyfile(run.path / name, out / name)
     summary = pd.read_csv(run.path / "summary.csv")
     across_seeds(summary).to_csv(out / "across_seeds.csv", index=False)
     stop = run.stop
@@ -213,7 +218,8 @@ def _readme(manifest: dict) -> str:
         f"- made by `{manifest['evidence_command']}` on {manifest['evidence_made']['date']}",
         *([f"- {manifest['note']}"] if manifest["note"] else []),
         "",
-        "Files: `summary.csv`, `scenario.json`, `environment.json` (the run's own), `across_seeds.csv` "
+        "Files: `summary.csv`, `scenario.json`, `environment.json` and, for a tuned run, `tuning.json` "
+        "(the run's own), `across_seeds.csv` "
         "(harness/results.py `across_seeds` of summary.csv), `jobs/<job-id>/job.json` (the job's own), "
         "`jobs/<job-id>/eval.jsonl` (thinned), `jobs/<job-id>/first_syncs.jsonl` (per rank, the first step "
         "record that applied a synchronisation). docs/RESULTS.md's numbers are recomputed from these by "

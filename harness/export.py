@@ -217,7 +217,7 @@ def scenario_columns(run: RunDir) -> pd.DataFrame:
         for key, value in (job.get("params") or {}).items():
             _flatten(value, f"params.{key}", row)
         for key, value in (job.get("trainer_config") or {}).items():
-            if key not in NOT_WORKLOAD_KEYS and key != "output_dir":
+            if key not in NOT_WORKLOAD_KEYS:
                 _flatten(value, f"workload.{key}", row)
         rows.append(row)
     return pd.DataFrame(rows)

@@ -17,11 +17,11 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from emulator import cgroups
+from emulator import cgroups, helpers
 from emulator.files import write_json_atomic
 from emulator.measure.counters import pair_deltas, traffic_by_node
 from emulator.netns import exec_argv, interface_of
-from emulator.plan import Plan
+from emulator.plan import Plan, prefix
 from emulator.processes import stop as stop_processes
 
 from . import byo
@@ -280,9 +280,12 @@ class Evaluator:
         self.follow = follow
         self.proc: Optional[subprocess.Popen] = None
         self._log = None
+        self._pid_file: Optional[Path] = None
 
     def _argv(self) -> list[str]:
-        argv = [sys.executable, "-m", "trainers.evaluate", str(self.job_dir)]
+        # --parent-pid: it ends by itself once the harness is gone (and with it the job's ranks:
+        # their records would never end), however it was started
+        argv = [sys.executable, "-m", "trainers.evaluate", str(self.job_dir), "--parent-pid", str(os.getpid())]
         if self.follow:
             argv += ["--follow", "--until-file", str(self.job_dir / RANKS_DONE_FILE)]
         return argv
@@ -291,8 +294,7 @@ class Evaluator:
         self._log = open(self.job_dir / "evaluator.log", "a")
         env = {**os.environ, "OMP_NUM_THREADS": "1",
                "PYTHONPATH": str(PROJECT_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        self.proc = subprocess.Popen(self._argv(), env=env, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc, self._pid_file = start_helper(self._argv(), env=env, stdout=self._log, stderr=subprocess.STDOUT)
 
     def finish(self, timeout_s: float = EVALUATOR_FINISH_TIMEOUT_S) -> Optional[int]:
         """Once the ranks have ended: let the evaluator evaluate what is left (starting it now if it
@@ -316,6 +318,17 @@ class Evaluator:
         if self._log is not None:
             self._log.close()
             self._log = None
+        helpers.unregister(self._pid_file)
+        self._pid_file = None
+
+
+def start_helper(argv: list[str], **popen) -> tuple[subprocess.Popen, Optional[Path]]:
+    """Start a host helper of the run (the evaluator, a sim job's process) in a session of its own
+    (a Ctrl-C reaches the harness, which ends it in order), dying with the harness (SIGTERM when
+    it ends, SIGKILL included) and recorded for `wanbench clean` (emulator/helpers.py); the
+    process and its PID file (None where the state folder is not writable)."""
+    proc = subprocess.Popen(argv, start_new_session=True, preexec_fn=helpers.die_with_parent(os.getpid()), **popen)
+    return proc, helpers.register(prefix(), proc.pid, argv)
 
 
 class StopDecider:
@@ -467,12 +480,12 @@ def run_sim_job(spec: JobSpec, on_tick=None) -> JobOutcome:
     evaluator = Evaluator(job_dir, follow=False)
     outcome: Optional[JobOutcome] = None
     proc: Optional[subprocess.Popen] = None
+    pid_file: Optional[Path] = None
     started = time.monotonic()
     log = open(job_dir / SIM_LOG, "a")
     try:
         env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        proc = subprocess.Popen(sim_job_argv(job_dir), env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc, pid_file = start_helper(sim_job_argv(job_dir), env=env, stdout=log, stderr=subprocess.STDOUT)
         while proc.poll() is None:
             elapsed = time.monotonic() - started
             if elapsed > timeout_s:
@@ -501,7 +514,8 @@ def run_sim_job(spec: JobSpec, on_tick=None) -> JobOutcome:
         raise
     finally:
         log.close()
-        if outcome is not None:
+        helpers.unregister(pid_file)
+        if outcome is not None:  # job.json last (atomic): an `ok` job's folder is complete
             write_job_record(spec, outcome, stop_decision=None, gpus=[], compute=spec.sim.compute)
     return outcome
 

@@ -15,6 +15,13 @@ Each job's files are written from its spec (harness/jobspec.py: made once per jo
 on tun, read by run_job / run_sim_job); job.json when the job ends (harness/jobs.py).
     COMPLETE               written last; its absence marks an incomplete run
     INTERRUPTED            written instead when a signal or an error ended the run (with why)
+    resumes.jsonl          one line per `wanbench run --resume` (when, jobs kept, folders cleared,
+                           the environment it ran in: the jobs re-run may run on another commit)
+
+The run folder appears with scenario.json and environment.json in it (made under a hidden name
+and renamed), and a job's job.json is its last file (written atomically): a run killed at any
+moment, SIGKILL included, leaves a folder that `resume_run` (`wanbench run --resume RUN_DIR`)
+completes, re-running every job whose job.json is missing or not ok and keeping the rest.
 """
 
 from __future__ import annotations
@@ -22,15 +29,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import json
+import shutil
 from pathlib import Path
 from typing import Optional
 
 import pandas as pd
 
 from emulator.backends import choose_backend
-from emulator.files import write_json_atomic
+from emulator.files import write_json_atomic, write_text_atomic
 from emulator.measure.verify import VerifyOptions, rate_warnings, verify
 from emulator.plan import make_plan
+from emulator.schema import ConfigError
 
 from .auto_dilation import auto_time_dilation, measure_step_s
 from .byo import failure_lines
@@ -40,7 +50,8 @@ from .jobs import JobOutcome, last_records, run_job, run_sim_job
 from .jobspec import JobSpec, dilated, job_spec
 from .paths import RUNS_ROOT
 from .results import RunFrames, load_run, summarize, write_summary
-from .scenario import AUTO_TIME_DILATION, SIM_BACKEND, Job, NetworkPoint, Scenario, check_sim
+from .rundir import SCENARIO_FILE, RunDir
+from .scenario import AUTO_TIME_DILATION, SIM_BACKEND, Job, NetworkPoint, Scenario, check_sim, load_scenario
 from .tuning import TUNING_FILE, Tuning
 from .sim_job import SimRun, sim_run
 
@@ -119,11 +130,24 @@ def run_scenario(scenario: Scenario, backend_name: str, runs_root: Path = RUNS_R
         scenario = resolve_time_dilation(scenario, console, measure)
     run_id = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = runs_root / scenario.name / run_id
-    run_dir.mkdir(parents=True, exist_ok=False)
-    write_json_atomic(run_dir / "scenario.json", scenario_record(scenario, sim))
-    write_json_atomic(run_dir / "environment.json", environment(SIM_BACKEND if sim else backend_cls.name))
+    if run_dir.exists():
+        raise FileExistsError(f"{run_dir}: a run of this second exists already")
+    # Made under a hidden name and renamed: a run folder always holds its scenario and environment
+    # (a kill before the rename leaves only the hidden folder, with no job in it).
+    partial = run_dir.with_name(f".{run_id}.partial")
+    partial.mkdir(parents=True)
+    write_json_atomic(partial / SCENARIO_FILE, scenario_record(scenario, sim))
+    write_json_atomic(partial / "environment.json", environment(SIM_BACKEND if sim else backend_cls.name))
+    partial.rename(run_dir)
+    return _run_in(run_dir, scenario, backend_cls, console, sim)
+
+
+def _run_in(run_dir: Path, scenario: Scenario, backend_cls, console, sim: Optional[SimRun],
+            kept: frozenset = frozenset()) -> CompletedRun:
+    """Run the jobs of `scenario` in `run_dir` but those in `kept` (ids of jobs already ok), then
+    write the summary and COMPLETE (INTERRUPTED and a partial summary on error, re-raised)."""
     try:
-        _run_points(scenario, backend_cls, run_dir, console, sim)
+        _run_points(scenario, backend_cls, run_dir, console, sim, kept)
     except BaseException as exc:
         # Keep what was recorded and say so: `report` flags runs without COMPLETE.
         (run_dir / "INTERRUPTED").write_text(f"{type(exc).__name__}: {exc}\n")
@@ -138,6 +162,169 @@ def run_scenario(scenario: Scenario, backend_name: str, runs_root: Path = RUNS_R
     write_summary(run_dir, table)
     (run_dir / "COMPLETE").write_text(datetime.datetime.now().isoformat())
     return CompletedRun(run_dir, frames, table)
+
+
+def _normalized(value):
+    """`value` as scenario.json holds it (JSON types: tuples as lists, str() of the rest)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def _first_difference(given, saved, path: str = "") -> Optional[tuple[str, object, object]]:
+    """(dotted path, given value, saved value) of the first place two JSON values differ, or None."""
+    if isinstance(given, dict) and isinstance(saved, dict):
+        for key in [*given, *(k for k in saved if k not in given)]:
+            found = _first_difference(given.get(key), saved.get(key), f"{path}.{key}" if path else str(key))
+            if found:
+                return found
+        return None
+    if isinstance(given, list) and isinstance(saved, list) and len(given) == len(saved):
+        for index, (a, b) in enumerate(zip(given, saved)):
+            found = _first_difference(a, b, f"{path}[{index}]")
+            if found:
+                return found
+        return None
+    return None if given == saved else (path or "(the whole document)", given, saved)
+
+
+def _short(value) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _saved_sim(scenario: Scenario, saved: dict) -> SimRun:
+    """The run's compute model and NIC as scenario.json saved them (not measured again: the jobs
+    re-run must be charged what the kept ones were)."""
+    from .auto_dilation import step_time_key
+
+    keys = list(dict.fromkeys(step_time_key(job.trainer_config) for job in scenario.jobs))
+    compute = saved.get("compute") or []
+    if len(compute) != len(keys):
+        raise ConfigError("sim.compute", f"holds {len(compute)} workloads, the scenario has {len(keys)}",
+                          source=SCENARIO_FILE)
+    return SimRun(dict(zip(keys, compute)), saved.get("nic_rate_bit_s"),
+                  time_dilation_ignored=saved.get("time_dilation_ignored"),
+                  start_offsets=saved.get("start_offsets_s") or {},
+                  topology_nic_rate_bit_s=saved.get("topology_nic_rate_bit_s"))
+
+
+@dataclasses.dataclass
+class ResumePlan:
+    """What `--resume` found: the scenario as the run was made, its backend and compute model,
+    the jobs kept (ok) and the job folders to clear (failed, interrupted, partial)."""
+
+    run_dir: Path
+    scenario: Scenario
+    backend_name: str
+    sim: Optional[SimRun]
+    kept: frozenset
+    cleared: list[Path]
+
+
+def plan_resume(run_dir, scenario_file: Optional[str] = None, backend_name: Optional[str] = None) -> ResumePlan:
+    """Check that `run_dir` is a run folder and that the scenario (`scenario_file`, default the
+    file the run names) is the one it was made with; ConfigError (one line: the file, the field,
+    both values) if not. Changes nothing."""
+    run = RunDir(run_dir)
+    saved = run.scenario  # ConfigError: not a run directory / not JSON
+    where = str(run.path / SCENARIO_FILE)
+    environment_backend = run.environment.get("backend")
+    if not isinstance(saved.get("spec"), dict) or not isinstance(saved.get("jobs"), list) or not environment_backend:
+        raise ConfigError("", "not a run folder wanbench made (scenario.json without spec or jobs, or no "
+                          "environment.json)", source=str(run.path))
+    if backend_name is not None and backend_name != environment_backend:
+        raise ConfigError("", f"{backend_name}: the run was made on backend {environment_backend}; resume on "
+                          "that one (leave --backend out)", source="--backend")
+    source = scenario_file or saved.get("source_file")
+    if not source or not Path(source).is_file():
+        raise ConfigError("", f"the scenario file the run was made from ({source}) is not there: give it, "
+                          "'wanbench run SCENARIO --resume RUN_DIR'", source=where)
+    scenario = load_scenario(source)
+    spec = saved["spec"]
+    sim = None
+    if environment_backend == SIM_BACKEND:
+        check_sim(scenario.spec, scenario.source_file)
+        scenario = scenario.with_time_dilation(1.0)
+        sim = _saved_sim(scenario, saved.get("sim") or {})
+    elif spec.get("time_dilation") is not None:  # K as the run resolved it (auto: measured then)
+        scenario = scenario.with_time_dilation(spec["time_dilation"], saved.get("time_dilation_auto"))
+    given = _normalized({"spec": scenario.spec.model_dump(),
+                         "jobs": [{key: job.record()[key] for key in ("job_id", "network", "trainer_config")}
+                                  for job in scenario.jobs]})
+    made = {"spec": spec, "jobs": [{key: job.get(key) for key in ("job_id", "network", "trainer_config")}
+                                   for job in saved["jobs"][:len(scenario.jobs)]]}
+    difference = _first_difference(given, made)
+    if difference is None:
+        for point in scenario.network_points():
+            plan_file = run.path / point.folder / "plan.json"
+            if plan_file.is_file():
+                plan = json.loads(make_plan(scenario.topology_for(point), time_dilation=scenario.time_dilation).to_json())
+                found = _first_difference(plan, json.loads(plan_file.read_text()), f"{point.folder}/plan.json")
+                if found:
+                    difference = found
+                    break
+    if difference is not None:
+        field, now, then = difference
+        raise ConfigError(field, f"is {_short(now)} in {source}, {_short(then)} in the run ({where}): "
+                          "resume runs the scenario the run was made with", source=source)
+    kept, cleared = [], []
+    for job in run.jobs:
+        (kept if job.info.get("status") == "ok" else cleared).append(job)
+    return ResumePlan(run.path, scenario, environment_backend, sim,
+                      frozenset(job.job_id for job in kept), [job.path for job in cleared])
+
+
+def resume_run(run_dir, scenario_file: Optional[str] = None, backend_name: Optional[str] = None,
+               console=None) -> CompletedRun:
+    """`wanbench run --resume RUN_DIR`: the jobs of an interrupted (or finished) run that are not
+    ok run again, in the order an uninterrupted run takes (under `tuning:` the picks are made
+    again from the kept and re-run candidates), the ok ones kept untouched; then the summary and
+    COMPLETE as an uninterrupted run writes them. Checks first (`plan_resume`)."""
+    from rich.console import Console
+
+    console = console or Console(stderr=True)
+    plan = plan_resume(run_dir, scenario_file, backend_name)
+    run_dir = plan.run_dir
+    backend_cls = None
+    if plan.sim is None:
+        backend_cls, reason = choose_backend(plan.backend_name)
+        if reason:
+            console.print(f"backend {reason}")
+    for path in plan.cleared:
+        shutil.rmtree(path)
+    for marker in ("INTERRUPTED", "COMPLETE"):
+        (run_dir / marker).unlink(missing_ok=True)
+    with open(run_dir / "resumes.jsonl", "a") as log:  # the jobs run now may run on another commit or machine
+        log.write(json.dumps({"time": datetime.datetime.now().isoformat(), "kept": len(plan.kept),
+                              "cleared": [path.name for path in plan.cleared],
+                              "environment": environment(plan.backend_name)}, default=str) + "\n")
+    console.print(f"resume {run_dir}: {len(plan.kept)} job(s) kept (ok), {len(plan.cleared)} folder(s) "
+                  "cleared (failed, interrupted or partial); every job not kept runs now")
+    completed = _run_in(run_dir, plan.scenario, backend_cls, console, plan.sim, plan.kept)
+    superseded = _set_aside_superseded(run_dir)
+    if superseded:  # the summary without them
+        frames = load_run(run_dir)
+        frames.complete = True
+        completed = CompletedRun(run_dir, frames, summarize(frames))
+        write_summary(run_dir, completed.summary)
+    jobs_now = {path.name for path in (run_dir / "jobs").glob("*")}
+    console.print(f"resume: {len(jobs_now - plan.kept)} job(s) re-run, {len(jobs_now & plan.kept)} kept"
+                  + (f"; {len(superseded)} kept folder(s) no longer the run's (a pick changed) moved to "
+                     f"{run_dir / SUPERSEDED_FOLDER}" if superseded else ""))
+    return completed
+
+
+SUPERSEDED_FOLDER = "superseded"
+
+
+def _set_aside_superseded(run_dir: Path) -> list[str]:
+    """Move job folders the resumed run did not make (a reported job of a pick that changed when
+    a tuning candidate ran again: possible on an emulated network, never on sim) out of jobs/."""
+    made = set(job["job_id"] for job in RunDir(run_dir).scenario.get("jobs") or [])
+    stray = [path for path in sorted((run_dir / "jobs").glob("*")) if path.name not in made]
+    for path in stray:
+        (run_dir / SUPERSEDED_FOLDER).mkdir(exist_ok=True)
+        path.rename(run_dir / SUPERSEDED_FOLDER / path.name)
+    return [path.name for path in stray]
 
 
 @contextlib.contextmanager
@@ -180,28 +367,35 @@ def _progress(console, spec: JobSpec, stop):
         yield tick, state
 
 
-def _run_points(scenario: Scenario, backend_cls, run_dir: Path, console, sim: Optional[SimRun] = None) -> None:
+def _run_points(scenario: Scenario, backend_cls, run_dir: Path, console, sim: Optional[SimRun] = None,
+                kept: frozenset = frozenset()) -> None:
     """Build each network point in turn, verify it, run its jobs, tear it down; on sim (`sim`
     given), simulate each job over the point's plan instead. Under `tuning:` a point's jobs are
     its tuning phase; then each label's pick is made (tuning.json, harness/tuning.py) and the
-    reported seeds run at the picks, on the same network."""
+    reported seeds run at the picks, on the same network. `kept`: ids of jobs already ok in
+    `run_dir` (a resumed run), not run again; a point none of whose jobs runs builds no network."""
     _say_run_settings(scenario, console, sim)
     ports = _MasterPorts(scenario.spec.master_port)
     tuning = Tuning(scenario, run_dir / TUNING_FILE) if scenario.spec.tuning is not None else None
     reported: list[Job] = []
     for point in scenario.network_points():
-        with _network_point(scenario, point, backend_cls, run_dir, console) as (plan, backend):
+        with _network_point(scenario, point, backend_cls, run_dir, console) as network:
+            plan = network.plan
             # the point's fault actions, compiled once, in emulated seconds
             faults = compile_actions(scenario.faults, plan.emulated_region_links()) if scenario.faults else ()
 
             def run(job: Job) -> None:
+                port = ports.next()  # taken by a kept job too: the ports a run uses do not depend on a resume
+                if job.job_id in kept:
+                    return
                 if sim is not None:
                     spec = job_spec(scenario, job, run_dir / job.folder, plan, SIM_BACKEND, faults,
                                     sim.job_settings(job, run_dir / point.folder / "plan.json", plan))
                 else:
+                    backend = network.ready()
                     spec = dilated(job_spec(scenario, job, run_dir / job.folder, plan, backend.name, faults),
                                    scenario.time_dilation)
-                outcome, state = _run_one_job(spec, plan, backend, ports.next(), console, scenario.spec.stop)
+                outcome, state = _run_one_job(spec, plan, network.backend, port, console, scenario.spec.stop)
                 _print_job_line(console, spec, outcome, state)
 
             for job in [j for j in scenario.jobs if j.network == point]:
@@ -249,27 +443,42 @@ class _MasterPorts:
         return self.port
 
 
+class _PointNetwork:
+    """One point's plan, and its network (None on sim), built and verified on first need."""
+
+    def __init__(self, scenario: Scenario, plan, backend, point_dir: Path, console):
+        self.scenario, self.plan, self.backend = scenario, plan, backend
+        self.point_dir, self.console = point_dir, console
+        self.up = False
+
+    def ready(self):
+        """The backend with the network up (built and verified the first time)."""
+        if not self.up:
+            self.backend.up()  # (a failed up() undoes itself, as before this was lazy)
+            self.up = True  # down() is owed from here on
+            if self.scenario.spec.verify.enabled:
+                _verify_point(self.scenario, self.plan, self.point_dir, self.console)
+        return self.backend
+
+
 @contextlib.contextmanager
 def _network_point(scenario: Scenario, point: NetworkPoint, backend_cls, run_dir: Path, console):
     """The network of one point: its plan written (<point>/plan.json), the network built and
-    verified (none on sim: `backend_cls` None), torn down after its jobs. Yields (plan, backend)."""
+    verified when a job first needs it (none on sim: `backend_cls` None), torn down after its
+    jobs. Yields a _PointNetwork."""
     plan = make_plan(scenario.topology_for(point), time_dilation=scenario.time_dilation)
     point_dir = run_dir / point.folder
-    point_dir.mkdir()
-    (point_dir / "plan.json").write_text(plan.to_json())
+    point_dir.mkdir(exist_ok=True)  # a resumed run's is there (plan_resume: with this very plan)
+    write_text_atomic(point_dir / "plan.json", plan.to_json())
     backend = backend_cls(plan) if backend_cls is not None else None
     console.print(f"[bold]{point.folder}[/]: {len(plan.nodes)} nodes on "
                   f"{backend.name if backend else 'sim (virtual clock, simulated network)'}")
-    if backend is None:
-        yield plan, None
-        return
-    backend.up()
+    network = _PointNetwork(scenario, plan, backend, point_dir, console)
     try:
-        if scenario.spec.verify.enabled:
-            _verify_point(scenario, plan, point_dir, console)
-        yield plan, backend
+        yield network
     finally:
-        backend.down()
+        if network.up:
+            backend.down()
 
 
 def _verify_point(scenario: Scenario, plan, point_dir: Path, console) -> None:

@@ -1,6 +1,6 @@
 """The evaluator: held-out accuracy of a job's output model at each eval point, off the wire.
 
-    python -m trainers.evaluate JOB_DIR [--follow] [--until-file PATH] [--stop-at-target]
+    python -m trainers.evaluate JOB_DIR [--follow] [--until-file PATH] [--stop-at-target] [--parent-pid PID]
 
 Reads the job's resolved config (``config.resolved.json``, or ``config.json`` in older runs: model
 and held-out set built by the same code as training) and
@@ -22,7 +22,10 @@ the index is used. It talks to no rank and never deletes a snapshot. As a progra
 priority (nice 19) with one intra-op thread; ``--follow`` evaluates snapshots as they appear until
 every rank's records end with a status record (or ``--until-file`` exists), and
 ``--stop-at-target`` writes the STOP file when ``target_accuracy`` (or ``target_loss``) of the config is reached (a run
-without the harness). Each look reads only what the ranks appended to their records since the last
+without the harness). ``--parent-pid`` (the harness's): it stops, exit code 3, once that process is
+no longer its parent (the harness died, and it was handed to another; the job's ranks are gone or
+going and their records would never end): a follower killed with the harness's process group
+otherwise polled on, since it runs in a session of its own. Each look reads only what the ranks appended to their records since the last
 one (:class:`RankRecords`), so a look costs the same late in a long job as early on. As a library:
 :func:`evaluate_job` (after the job) or :class:`JobEvaluator`.
 """
@@ -331,13 +334,27 @@ def evaluate_job(job_dir: str | Path, device: str = "cpu") -> list[dict]:
     return JobEvaluator(job_dir, device).poll(job_over=True)
 
 
+class ParentGone(RuntimeError):
+    """The process that started the evaluator (``--parent-pid``) has ended."""
+
+
+def check_parent(parent_pid: Optional[int]) -> None:
+    """ParentGone once ``parent_pid`` is no longer this process's parent (it ended: the orphan
+    was re-parented). The parent relation, not the PID's existence: a reused PID cannot fool it."""
+    if parent_pid is not None and os.getppid() != parent_pid:
+        raise ParentGone(f"the process that started it (pid {parent_pid}) is gone: stopped, the job is incomplete")
+
+
 def run_evaluator(job_dir: str | Path, follow: bool = False, until_file: Optional[str | Path] = None,
-                  stop_at_target: bool = False, poll_s: float = 0.5, device: str = "cpu") -> list[dict]:
+                  stop_at_target: bool = False, poll_s: float = 0.5, device: str = "cpu",
+                  parent_pid: Optional[int] = None) -> list[dict]:
     """Evaluate a job's eval points and append them to ``JOB_DIR/eval.jsonl`` (resuming after the
     eval_index already there); with ``follow``, as they appear until the ranks are done or
-    ``until_file`` exists. Returns the rows written by this call."""
+    ``until_file`` exists. Returns the rows written by this call. ``parent_pid``: ParentGone
+    (before each look) once that process is no longer the parent."""
     from trainers.stop import stop_step_from_records, write_stop
 
+    check_parent(parent_pid)
     evaluator = JobEvaluator(job_dir, device)
     out_path = Path(job_dir) / EVAL_FILE
     previous = read_complete_records(out_path, kinds=("eval",))  # a cut last line left out
@@ -349,6 +366,7 @@ def run_evaluator(job_dir: str | Path, follow: bool = False, until_file: Optiona
         while True:
             # The records are read once per look, after the until-file check (so they hold what
             # the ranks wrote before it appeared) and before the snapshots are listed (poll).
+            check_parent(parent_pid)
             told_over = until_file is not None and Path(until_file).exists()
             evaluator.refresh()
             over = not follow or told_over or evaluator.finished(refresh=False)
@@ -379,14 +397,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="write JOB_DIR/STOP once the config's target_accuracy (or target_loss) is reached "
                         "(runs without the harness)")
     parser.add_argument("--poll-s", type=float, default=0.5, help="seconds between looks for new snapshots")
+    parser.add_argument("--parent-pid", type=int, help="stop (exit 3) once this process is no longer our parent "
+                        "(the harness passes its own: its evaluator ends with it)")
     args = parser.parse_args(argv)
     os.nice(19)
     torch.set_num_threads(1)
     try:
-        rows = run_evaluator(args.job_dir, args.follow, args.until_file, args.stop_at_target, args.poll_s)
+        rows = run_evaluator(args.job_dir, args.follow, args.until_file, args.stop_at_target, args.poll_s,
+                             parent_pid=args.parent_pid)
     except (FileNotFoundError, ValueError) as error:
         print(f"evaluate: {error}", file=sys.stderr)
         return 2
+    except ParentGone as error:
+        print(f"evaluate: {error}", file=sys.stderr)
+        return 3
     print(f"evaluate: {len(rows)} eval records appended to {Path(args.job_dir) / EVAL_FILE}", file=sys.stderr)
     return 0
 

@@ -34,7 +34,12 @@ def layer_macs(module: nn.Module, params: list[nn.Parameter], output) -> int:
     """Multiply-accumulates of one call of ``module`` (estimated): each weight matrix or kernel
     (2 or more dims) once per output position, where a position is one output vector (the
     channel dimension: 1 for a conv kernel, the last otherwise); each vector parameter (bias,
-    normalisation) once per output element; an embedding one per output element (a lookup)."""
+    normalisation) once per output element; an embedding one per output element (a lookup).
+    A module with a ``nominal_macs`` attribute (set by its model for the input size the model
+    stands for) gets that value instead."""
+    nominal = getattr(module, "nominal_macs", None)  # stated by the model (trainers.models.set_nominal_macs)
+    if nominal is not None:
+        return nominal
     out = output[0] if isinstance(output, (tuple, list)) else output
     if not isinstance(out, torch.Tensor) or out.dim() == 0:
         return sum(p.numel() for p in params)

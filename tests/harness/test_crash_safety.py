@@ -129,3 +129,50 @@ def test_sigterm_during_run_tears_down_and_keeps_records(test_prefix, write_yaml
     run_dir = records[0].parents[2]
     assert (run_dir / "INTERRUPTED").exists()
     assert '"kind": "step"' in records[0].read_text()  # records written so far are kept
+
+
+def test_sigkill_of_the_runs_group_then_clean_leaves_no_evaluator(test_prefix, write_yaml, tmp_path):
+    """The off-wire evaluator follows the job (target_accuracy) in a session of its own: after a
+    SIGKILL of `wanbench run`'s process group and `clean`, no process of ours is left, by PID and by
+    any command line naming the run's folder (issue 25: it kept polling)."""
+    from emulator import helpers
+    from emulator.processes import alive, cmdline, wait_gone
+
+    write_yaml(textwrap.dedent("""
+        name: crash2
+        address_pool: 10.232.1.0/24
+        regions: {a: {nodes: 1}, b: {nodes: 1}}
+        links: [{between: [a, b], rtt: 20ms, rate: 100Mbit}]
+    """), "topo.yaml")
+    scenario = write_yaml(textwrap.dedent("""
+        topology: topo.yaml
+        backend: tun
+        workload: {model: {name: mlp}, dataset: {name: digits}, eval_every: 5}
+        stop: {steps: 100000, target_accuracy: 1.0}
+        algorithms: [{name: sync}]
+        verify: {enabled: false}
+    """), "scenario.yaml")
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen(wanbench_argv("run", scenario, "--output", str(runs)), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    evaluator = []
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None and not evaluator:
+            evaluator = [pid for pid in helpers.leftover_helpers(test_prefix) if "trainers.evaluate" in cmdline(pid)]
+            time.sleep(0.2)
+        assert evaluator, "no evaluator was started"
+        time.sleep(2.0)
+        assert alive(evaluator[0])
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    subprocess.run(wanbench_argv("clean"), check=True, capture_output=True, timeout=60)
+    try:
+        assert wait_gone(evaluator, 5.0) == []
+        assert leftovers(test_prefix) == []
+        ours = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if str(runs) in cmdline(pid)]
+        assert ours == [], [cmdline(pid) for pid in ours]
+    finally:  # a failed test leaves no evaluator behind either
+        if alive(evaluator[0]) and "trainers.evaluate" in cmdline(evaluator[0]):
+            os.kill(evaluator[0], signal.SIGKILL)

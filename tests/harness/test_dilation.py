@@ -2,6 +2,7 @@
 fault timeline waits for, and what the results report."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -59,6 +60,24 @@ def test_a_profile_without_its_source_is_refused(tmp_path):
     (tmp_path / "p.yaml").write_text("name: x\nstep_s: 0.1\n")
     with pytest.raises(ConfigError, match=r"p.yaml: source"):
         load_profile(str(tmp_path / "p.yaml"))
+
+
+def test_a_profile_s_per_layer_shares_are_refused_until_applied(tmp_path):
+    """layer_fractions is reserved (measured per-layer shares, to replace the spread by
+    multiply-accumulates): given before the trainers apply it, it would be silently ignored."""
+    (tmp_path / "p.yaml").write_text("name: x\nstep_s: 0.1\nsource: s\nlayer_fractions: [0.5, 0.5]\n")
+    with pytest.raises(ConfigError, match=r"p.yaml: layer_fractions: .*not applied yet"):
+        load_profile(str(tmp_path / "p.yaml"))
+
+
+@pytest.mark.parametrize("model, profile", [("resnet50", "m60-resnet50-fp32-b32"), ("vgg19", "m60-vgg19-fp32-b32"),
+                                            ("sockeye", "m60-sockeye-rnn-fp32-b32")])
+def test_the_p3_paper_scenarios_charge_their_profile_s_step(model, profile):
+    """The sim scenarios give the profile's step as sim.compute_s (a profile's min_compute_s would
+    come on top of the simulator's compute); the baselines the paper's gain is quoted over are there."""
+    scenario = load_scenario(Path(__file__).parents[2] / "scenarios" / f"paper-p3-{model}.yaml")
+    assert scenario.spec.sim.compute_s == load_profile(profile).step_s
+    assert {"sync", "p3", "ps_sync-mxnet", "ps_sync-25mb"} <= {job.base_label or job.label for job in scenario.jobs}
 
 
 def test_fault_times_are_emulated_seconds_and_links_emulated_units(tmp_path):

@@ -16,6 +16,7 @@ from harness.export import parquet_ready, scenario_columns, with_scenario
 from harness.results import load_run, summarize
 from harness.rundir import RunDir
 from harness.scenario import load_scenario
+from tests.harness.test_sim_harness import _quiet
 
 # One job (each job costs two processes that import torch: the simulation and the evaluator), with
 # params, two ranks and a fault: every frame has rows.
@@ -43,13 +44,11 @@ SCENARIO = textwrap.dedent("""
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     """A finished run of SCENARIO on the real simulator (about 15 s; more on a busy machine)."""
-    from rich.console import Console
-
     folder = tmp_path_factory.mktemp("export")
     path = folder / "s.yaml"
     path.write_text(SCENARIO)
     completed = run_module.run_scenario(load_scenario(str(path)), "sim", folder / "runs",
-                                        console=Console(file=io.StringIO(), width=200))
+                                        console=_quiet())
     assert set(completed.summary["status"]) == {"ok"}
     return completed.run_dir
 

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from harness.evidence import FIRST_SYNCS_FILE, PAPERS_ROOT, evidence_size, thin_evals, write_evidence
-from harness.results import MIN_SEEDS, accuracy_at, across_seeds, time_to_target
+from harness.results import MIN_SEEDS, accuracy_at, across_seeds, sync_reference, time_to_target
 from harness.rundir import JobDir
 from emulator.schema import ConfigError
 
@@ -72,10 +72,33 @@ def test_each_number_is_recomputed_from_its_evidence(row):
         return
     assert row["numbers"]
     for number in row["numbers"]:
-        folder = PAPERS_ROOT / number.get("evidence", row["evidence"])  # a number may come from another run
-        assert (folder / "summary.csv").is_file(), f"no evidence at {folder}"
-        seeds = across_seeds(pd.read_csv(folder / "summary.csv"))
+        seeds = across_seeds(evidence_summary(number.get("evidence", row["evidence"])))  # a number may come from another run
         assert formatted(number, number_value(number, seeds)) == number["text"], number
+
+
+def evidence_folders(evidence) -> list[Path]:
+    """An evidence entry's folders: one run, or a list of runs of one scenario split by seed."""
+    return [PAPERS_ROOT / name for name in ([evidence] if isinstance(evidence, str) else evidence)]
+
+
+def evidence_summary(evidence) -> pd.DataFrame:
+    """The summary.csv of an evidence entry; a list's runs concatenated (each holds its own seeds
+    with their own sync, so every ratio stays within one run)."""
+    frames = []
+    for folder in evidence_folders(evidence):
+        assert (folder / "summary.csv").is_file(), f"no evidence at {folder}"
+        frames.append(pd.read_csv(folder / "summary.csv"))
+    summary = pd.concat(frames, ignore_index=True)
+    assert not summary.duplicated(["network", "label", "seed"]).any(), f"{evidence}: a seed in two runs"
+    return summary
+
+
+def evidence_names(evidence) -> list[str]:
+    """What RESULTS' row must name: the run's folder, or for a list the figure's folder."""
+    if isinstance(evidence, str):
+        return [f"results/papers/{evidence}"]
+    assert len({name.split("/")[0] for name in evidence}) == 1, f"{evidence}: runs of several figures"
+    return [f"results/papers/{evidence[0].split('/')[0]}/"]
 
 
 @pytest.mark.parametrize("row", table_rows(), ids=lambda row: row["paper"])
@@ -92,8 +115,9 @@ def test_the_markdown_row_quotes_the_same_numbers(row):
         found = re.compile(r"(?<![\d.])" + re.escape(number["text"]) + r"(?![\d])").search(line, position)
         assert found, f"RESULTS' {row['paper']} row does not quote {number['text']!r} (after position {position})"
         position = found.end()
-    for evidence in {row["evidence"], *(n["evidence"] for n in row["numbers"] if "evidence" in n)}:
-        assert f"results/papers/{evidence}" in line, f"RESULTS' {row['paper']} row does not name {evidence}"
+    for evidence in [row["evidence"], *(n["evidence"] for n in row["numbers"] if "evidence" in n)]:
+        for name in evidence_names(evidence):
+            assert name in line, f"RESULTS' {row['paper']} row does not name {name}"
 
 
 def test_evidence_stays_small():
@@ -140,8 +164,10 @@ def test_the_summary_follows_from_the_committed_evals(folder):
         else:
             assert not syncs.exists()
     for (network, label, seed), time_s in times.items():
-        sync_time = times.get((network, "sync", seed))
         expected = summary[(summary["network"] == network) & (summary["label"] == label) & (summary["seed"] == seed)]
+        # sync of the same seed; under tuning, of the same phase (a candidate: sync's candidate of its lr)
+        reference = sync_reference(summary, expected.iloc[0])
+        sync_time = None if reference is None else times.get((network, reference["label"], seed))
         speedup = expected["speedup_vs_sync"].iloc[0]
         if pd.notna(time_s) and sync_time is not None and pd.notna(sync_time):
             assert speedup == pytest.approx(sync_time / time_s, rel=1e-9)
@@ -217,6 +243,11 @@ def test_write_evidence_copies_a_run(tmp_path):
     assert manifest["evaluations"] == 3 * len(full) and "reduced" in (made.folder / "README.md").read_text()
     seeds = pd.read_csv(made.folder / "across_seeds.csv")
     assert seeds["seeds"].tolist() == [3]
+    assert not (made.folder / "tuning.json").exists()  # an untuned run has none to copy
+    (run_dir / "tuning.json").write_text('{"seed": 0, "picks": "as harness/tuning.py writes them"}')
+    tuned = write_evidence(run_dir, "fig-1", tmp_path / "papers", every=5)
+    assert (tuned.folder / "tuning.json").read_text() == (run_dir / "tuning.json").read_text()
+    assert "`tuning.json`" in (tuned.folder / "README.md").read_text()
 
 
 def test_write_evidence_refuses_a_partial_run_and_a_bad_name(tmp_path):

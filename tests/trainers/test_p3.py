@@ -12,7 +12,7 @@ from tests.trainers.conftest import BASE_CONFIG, evaluations, merge, records, ru
 from tests.trainers.test_streams import HeldComm, sim_network
 from trainers.algorithms import AlgorithmContext, get_algorithm
 from trainers.algorithms.p3 import P3, P3Params
-from trainers.algorithms.ps_sync import PSSync, PSSyncParams
+from trainers.algorithms.ps_sync import PSSync, PSSyncParams, mxnet_key_parts
 from trainers.config import ConfigError, OptimizerConfig
 from trainers.loading import load_config
 from trainers.sim import ComputeModel, run_simulated
@@ -32,6 +32,20 @@ def test_params_name_the_bad_field(make, field):
 def test_ps_sync_bucket_cap_must_be_positive():
     with pytest.raises(ConfigError, match="^bucket_cap_mb: "):
         PSSyncParams(bucket_cap_mb=0)
+
+
+def test_ps_sync_layout_must_be_known():
+    with pytest.raises(ConfigError, match="^layout: must be one of buckets, mxnet_keys, got 'layer'"):
+        PSSyncParams(layout="layer")
+
+
+def test_mxnet_key_parts_as_mxnets_kvstore_places_them():
+    """kvstore_dist.h EncodeDefaultKey: below the bound, the whole key on server (key * 9973) % n;
+    from the bound on, n parts whose bounds are round(numel / n * i)."""
+    assert mxnet_key_parts(999_999, key=5, servers=4, bigarray_bound=1_000_000) == [(0, 999_999, 1)]  # 49865 % 4
+    assert mxnet_key_parts(10, key=2, servers=3, bigarray_bound=1_000_000) == [(0, 10, 19946 % 3)]
+    assert mxnet_key_parts(1_000_002, key=0, servers=4, bigarray_bound=1_000_000) == [
+        (0, 250_001, 0), (250_001, 500_001, 1), (500_001, 750_002, 2), (750_002, 1_000_002, 3)]
 
 
 def test_registered():
@@ -76,6 +90,35 @@ def test_deferred_updates_match_plain_sgd_on_one_rank(algorithm):
     alg.finish()
     for ours, theirs in zip(alg.model.parameters(), reference.parameters()):
         assert torch.allclose(ours, theirs, atol=1e-6)
+
+
+@pytest.mark.parametrize("layout", ["mxnet_keys", "buckets"])
+def test_ps_sync_mxnet_keys_pushes_each_array_as_backward_produces_it(layout):
+    """MXNet's baseline (wait-free backpropagation): each parameter array's messages are queued
+    when its gradient is ready, in backward order (the last layer's first), each array's
+    messages one after another and none shared with another array; the first leaves while the
+    first layer's gradient is not computed yet. DDP-style 25 MB buckets (one bucket here) queue
+    nothing before backward ends."""
+    alg = _three_layer(PSSync, slice_elements=7, layout=layout)
+    pushed = []  # (slice, whether the first layer's weight gradient was ready then)
+    push = alg._push
+    alg._push = lambda k: (pushed.append((k, alg.state.gradient_ready[0])), push(k))
+    alg.train_step(0, (torch.randn(8, 4), torch.randint(3, (8,))))
+    alg.finish()
+    if layout == "buckets":
+        assert pushed and all(ready for _, ready in pushed)
+        return
+    assert not pushed[0][1]  # sent during backward
+    sizes = [20, 5, 30, 6, 18, 3]  # w0 b0 w1 b1 w2 b2: 3 1 5 1 3 1 messages of 7 elements
+    assert [s.numel for s in alg.slices] == [7, 7, 6, 5, 7, 7, 7, 7, 2, 6, 7, 7, 4, 3]
+    assert all(len(s.segments) == 1 for s in alg.slices)
+    param_of = [s.segments[0][0] for s in alg.slices]
+    order = [param_of[k] for k, _ in pushed]
+    assert sorted(order) == sorted(param_of) and len(order) == sum(-(-n // 7) for n in sizes)
+    arrays = list(dict.fromkeys(order))  # each array's messages together, in slice order
+    assert [k for k, _ in pushed] == [k for i in arrays for k in range(len(param_of)) if param_of[k] == i]
+    layer_of = {0: 0, 1: 0, 2: 1, 3: 1, 4: 2, 5: 2}
+    assert [layer_of[i] for i in arrays] == [2, 2, 1, 1, 0, 0]  # backward order
 
 
 class AnsweringPeer(HeldComm):
@@ -154,6 +197,26 @@ def test_on_the_simulator_p3_and_ps_sync_equal_sync(tmp_path):
             step = records(tmp_path / name, rank, "step")[3]
             messages = (5 - owned[rank]) + 3 * owned[rank]
             assert step["bytes_sent"] == messages * (8 + 4 * 500)
+
+
+def test_on_the_simulator_ps_sync_mxnet_keys_equals_sync(tmp_path):
+    """MXNet's layout on four ranks, the MLP's 64x32 weights (2,048 elements) over the bound of
+    1,000 and so cut into 4 parts of 512, one per server; the other arrays whole on server
+    key % 4 (key 1: b0 on rank 1, key 2: w1 on 2, key 3: b1 on 3). 100-element messages: 6 per
+    part of w0, 1 for b0, 4 for w1, 1 for b1 (30); rank r owns 6, 7, 10, 7 of them and sends
+    a push of each one it does not own and 3 pulls of each it owns."""
+    common = {"steps": 6, "save_final_model": True, "optimizer": {"momentum": 0.9}}
+    runs = {"sync": {"name": "sync"},
+            "mxnet": {"name": "ps_sync", "params": {"slice_elements": 100, "layout": "mxnet_keys", "bigarray_bound": 1000}}}
+    for name, algorithm in runs.items():
+        run_simulated(sim_config(tmp_path, name, algorithm=algorithm, **common), 4, sim_network(4), ComputeModel(0.01))
+    for rank in range(4):
+        ours = torch.load(tmp_path / "mxnet" / f"rank{rank}_final.pt")
+        theirs = torch.load(tmp_path / "sync" / f"rank{rank}_final.pt")
+        assert max((ours[k] - theirs[k]).abs().max().item() for k in ours) < 1e-5
+    for rank, owned in enumerate([6, 7, 10, 7]):
+        step = records(tmp_path / "mxnet", rank, "step")[3]
+        assert step["bytes_sent"] == (30 - owned + 3 * owned) * (8 + 4 * 100)
 
 
 def test_on_the_simulator_p3_and_ps_sync_equal_sync_with_batchnorm(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -285,3 +286,51 @@ def overlap_worker(rank: int, world_size: int, port: int, out_dir: str, one_way_
             }
     comm.shutdown()
     Path(out_dir, f"overlap{rank}.json").write_text(json.dumps(results))
+
+
+def eawild_service_worker(rank: int, world_size: int, port: int, out_dir: str, apply_s: float) -> None:
+    """Rank 0 an `eawild` server, ranks 1.. its workers, exchanging once each at the same moment,
+    first on a serial server, then on a concurrent one. The server's apply is made slow
+    (``apply_s`` of sleep, which releases the GIL as torch's own ops do); each writes, per mode,
+    the server's service intervals and each worker's exchange latency (time.monotonic, s)."""
+    _init_env(rank, world_size, port)
+    from trainers.algorithms import AlgorithmContext
+    from trainers.algorithms.eawild import EAWild, EAWildParams
+    from trainers.comm import TorchComm
+    from trainers.config import OptimizerConfig
+    from trainers.training import loss_fn
+
+    class SlowApply(EAWild):
+        """A fault hook: every apply takes ``apply_s`` longer; intervals and latencies recorded."""
+
+        def server_apply(self, payload, want_reply, staleness):
+            started = time.monotonic()
+            time.sleep(apply_s)
+            reply = super().server_apply(payload, want_reply, staleness)
+            self.intervals.append((started, time.monotonic()))
+            return reply
+
+        def exchange(self, step, flat, want_reply, loss):
+            started = time.monotonic()
+            reply = super().exchange(step, flat, want_reply, loss)
+            self.latencies.append(time.monotonic() - started)
+            return reply
+
+    comm = TorchComm("gloo", timeout_s=60)
+    results = {}
+    for mode in ("serial", "concurrent"):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 3)
+        ctx = AlgorithmContext(model=model, comm=comm, loss_fn=loss_fn, optimizer=OptimizerConfig(), lr=0.1,
+                               device=torch.device("cpu"))
+        algorithm = SlowApply(EAWildParams(tau=1, server=mode), ctx)
+        algorithm.intervals, algorithm.latencies = [], []
+        algorithm.setup()
+        comm.barrier()  # the workers start their exchanges together
+        batch = (torch.randn(4, 8), torch.randint(0, 3, (4,)))
+        algorithm.train_step(0, batch)
+        algorithm.finish()
+        comm.barrier()
+        results[mode] = {"intervals": algorithm.intervals, "latencies": algorithm.latencies}
+    comm.shutdown()
+    Path(out_dir, f"eawild{rank}.json").write_text(json.dumps(results))

@@ -102,7 +102,8 @@ class P3State:
     """round: the step whose exchange is in progress (None between a flush and the next backward);
     rounds: steps whose updates were applied; forward_order: layer indices in the order the
     first forward pass called them; waiting_left: per slice, parameters whose gradient this step
-    has not produced yet; gradient_ready: per parameter, whether it has; done: per slice, whether this step's average is in ``reduced``;
+    has not produced yet; gradient_ready: per parameter, whether it has; done: per slice, whether this step's average is in ``reduced``
+    (done_count of them); layer_left: per layer, its slices not done yet;
     applied: per layer, whether this step's update was applied."""
 
     round: Optional[int] = None
@@ -111,6 +112,8 @@ class P3State:
     waiting_left: list[int] = field(default_factory=list)
     gradient_ready: list[bool] = field(default_factory=list)
     done: list[bool] = field(default_factory=list)
+    done_count: int = 0
+    layer_left: list[int] = field(default_factory=list)
     applied: list[bool] = field(default_factory=list)
 
 
@@ -150,6 +153,7 @@ class P3(Algorithm):
         self.reduced = [torch.zeros_like(p) for p in self.trainable]
         self.slices: list[_Slice] = []
         self.slices_of_layer: list[list[int]] = []
+        self.layers_of_slice: list[list[int]] = []
         self.slices_of_param: list[list[int]] = []
         self.owned: dict[int, _Owned] = {}
         self.owned_by: list[int] = []  # slices per rank
@@ -223,8 +227,10 @@ class P3(Algorithm):
         """Wait for this step's averages and apply every layer's update not yet applied."""
         if self.state.round is None:
             return
-        done = self.state.done
-        self.streams.wait_until(lambda: all(done))
+        # counters, not all(done): the predicate is evaluated at every message, and a model of
+        # thousands of slices made that quadratic (minutes per step for ResNet-50 on the simulator)
+        total = len(self.slices)
+        self.streams.wait_until(lambda: self.state.done_count == total)
         for layer in range(len(self.layers)):
             self._apply_layer(layer)
         self.state.round = None
@@ -269,28 +275,37 @@ class P3(Algorithm):
         n, rank, size = self.comm.world_size, self.comm.rank, self.params.slice_elements
         order = self.state.forward_order + [i for i in range(len(self.layers)) if i not in self.state.forward_order]
         params_in_order = [i for layer in order for i in self.layer_params[layer]]
-        total = sum(self.trainable[i].numel() for i in params_in_order)
-        self.slices = [_Slice(start, min(size, total - start), owner=k % n)
-                       for k, start in enumerate(range(0, total, size))]
+        self.slices = self._cut_slices(params_in_order)
         self.owned_by = [sum(1 for piece in self.slices if piece.owner == r) for r in range(n)]
         self.slices_of_param = [[] for _ in self.trainable]
-        offset = 0
-        for i in params_in_order:
-            numel = self.trainable[i].numel()
-            for k in range(offset // size, (offset + numel - 1) // size + 1 if numel else 0):
-                piece = self.slices[k]
-                lo, hi = max(offset, piece.start), min(offset + numel, piece.start + piece.numel)
-                piece.segments.append((i, lo - offset, hi - offset, lo - piece.start))
+        for k, piece in enumerate(self.slices):
+            for i, *_ in piece.segments:
                 self.slices_of_param[i].append(k)
-            offset += numel
         layer_of = {i: layer for layer, owned in enumerate(self.layer_params) for i in owned}
         self.slices_of_layer = [[] for _ in self.layers]
-        for k, piece in enumerate(self.slices):
-            for layer in dict.fromkeys(layer_of[i] for i, *_ in piece.segments):
+        self.layers_of_slice = [list(dict.fromkeys(layer_of[i] for i, *_ in piece.segments)) for piece in self.slices]
+        for k, layers in enumerate(self.layers_of_slice):
+            for layer in layers:
                 self.slices_of_layer[layer].append(k)
         self.owned = {k: _Owned(torch.zeros(n, size, dtype=self.dtype))
                       for k, piece in enumerate(self.slices) if piece.owner == rank}
         self.streams = MessageStreams(self.comm, size, self.dtype, self._on_message, order=self.order)
+
+    def _cut_slices(self, params_in_order: list[int]) -> list[_Slice]:
+        """P3's slices: the concatenation of ``params_in_order`` cut every ``slice_elements``
+        (a slice may span parameters), slice k owned by rank k mod n."""
+        n, size = self.comm.world_size, self.params.slice_elements
+        total = sum(self.trainable[i].numel() for i in params_in_order)
+        slices = [_Slice(start, min(size, total - start), owner=k % n) for k, start in enumerate(range(0, total, size))]
+        offset = 0
+        for i in params_in_order:
+            numel = self.trainable[i].numel()
+            for k in range(offset // size, (offset + numel - 1) // size + 1 if numel else 0):
+                piece = slices[k]
+                lo, hi = max(offset, piece.start), min(offset + numel, piece.start + piece.numel)
+                piece.segments.append((i, lo - offset, hi - offset, lo - piece.start))
+            offset += numel
+        return slices
 
     def _expect_round(self) -> None:
         """Post one step's receives: from each peer, a push of every slice this rank owns and a
@@ -304,6 +319,8 @@ class P3(Algorithm):
         self.state.waiting_left = [len(piece.segments) for piece in self.slices]
         self.state.gradient_ready = [False] * len(self.trainable)
         self.state.done = [False] * len(self.slices)
+        self.state.done_count = 0
+        self.state.layer_left = [len(wanted) for wanted in self.slices_of_layer]
         self.state.applied = [False] * len(self.layers)
 
     def _waiting_for(self, param_index: int) -> bool:
@@ -366,13 +383,15 @@ class P3(Algorithm):
         for i, lo, hi, at in self.slices[k].segments:
             self.reduced[i].view(-1)[lo:hi].copy_(average[at : at + hi - lo])
         self.state.done[k] = True
+        self.state.done_count += 1
+        for layer in self.layers_of_slice[k]:
+            self.state.layer_left[layer] -= 1
 
     def _apply_layer(self, layer: int) -> None:
         """Wait for this layer's slices, then take its optimizer step (once per step)."""
         if self.state.round is None or self.state.applied[layer]:
             return
-        wanted, done = self.slices_of_layer[layer], self.state.done
-        self.streams.wait_until(lambda: all(done[k] for k in wanted))
+        self.streams.wait_until(lambda: self.state.layer_left[layer] == 0)
         with torch.no_grad():
             for param_index in self.layer_params[layer]:
                 param = self.trainable[param_index]

@@ -5,15 +5,34 @@ parameters cut into contiguous ranges, one per server (in the order given); ever
 worker. The harness maps ranks to regions in order, so choosing the server ranks chooses where the
 servers are. The runner still hands servers a batch each step; they ignore it.
 
-Messages (point to point, tag 0; messages between one pair of ranks arrive in the order sent):
+Messages (point to point, tag 0, as the serial server receives them; a concurrent server's are
+the same header and payload in one buffer, on the stream driver's tag; messages between one pair
+of ranks arrive in the order sent):
 
 * worker -> server: a float64 header ``[step, base_version, want_reply, loss]``, then the payload
   (the worker's values for that server's range, in the parameters' dtype);
 * server -> worker, only if ``want_reply``: a float64 header ``[version, staleness]``, then the
   server's range.
 
-A server receives headers from any source (``Comm.recv_any``) and handles messages in arrival
-order, one at a time, so its state is never read half-updated.
+Two ways to serve (``server_mode``; ``eawild`` chooses with its ``server`` parameter,
+``async_ps`` serves serially):
+
+* ``serial``: a server receives headers from any source (``Comm.recv_any``) and handles messages
+  in arrival order, one at a time, so its state is never read half-updated. The server is a
+  serialization point: while it receives and applies one worker's message, every other worker's
+  message waits for it (on gloo, even its bytes wait: a message moves once its receive is posted).
+* ``concurrent``: one service per worker connection, no global order. The server keeps one
+  receive posted per worker (the comm's stream driver, ``trainers.comm.streams``: on gloo a
+  receiving thread per worker, on the simulator an event per message), and each message is
+  applied on its connection's own thread as soon as it has arrived, without a lock, in place on
+  the shared state (Hogwild: two applies may run at once, torch's in-place ops release the GIL,
+  and an element written by both at once may lose one of the two writes); its reply is the state
+  as that service read it. A small lock guards only the counters (version, messages handled)
+  and the posting of messages, never the arithmetic. Each message is one message of the streams'
+  tag (header and payload in one buffer), so its bytes move as soon as it is sent. A worker ends
+  its connection with a last message (``GOODBYE``) in ``finish``. Needs a comm with tagged
+  point-to-point messages on threads (gloo; not nccl, not the elastic tcp comm: no crash
+  tolerance).
 
 How a server takes part in the step loop. Every rank runs the same number of steps. In
 ``train_step(step)`` a server handles messages until every worker has sent all the messages it
@@ -29,7 +48,11 @@ by then (and possibly some from workers that are ahead).
 Versions and staleness. A server's version counts the messages it applied. A worker's message
 carries the version of the server state it last received (``base_version``); staleness is the
 server's version when the message is applied minus that base: 0 for a lone worker that pulls
-every step, about (workers - 1) when every worker pushes once per step.
+every step, about (workers - 1) when every worker pushes once per step. On a concurrent server,
+"when applied" is when its service starts applying it: the version counts the applies finished
+by then, and a reply carries that count plus one (its own); an apply that overlaps this one is
+counted in neither, though the state read may hold part of it. With one worker both ways of
+serving give the same versions, staleness and numbers.
 
 Crash tolerance (comm backend tcp, for algorithms that set ``tolerates_crash``): a server stops
 waiting for a worker that is gone (its messages that arrived are still applied) and takes a
@@ -48,6 +71,7 @@ from typing import ClassVar, Optional
 import torch
 from torch import nn
 
+from trainers import clock
 from trainers.algorithms.base import Algorithm, AlgorithmContext, StepResult, flatten, unflatten_into
 from trainers.comm import PeerLost, Work
 from trainers.config import ConfigError
@@ -55,6 +79,11 @@ from trainers.snapshots import OutputState
 
 HEADER_FIELDS = 4  # step, base_version, want_reply, loss
 REPLY_FIELDS = 2  # version, staleness
+SERVER_MODES = ("serial", "concurrent")
+# want_reply of a worker's last message to a concurrent server: no more messages on this connection
+GOODBYE = -1.0
+HEADER_BYTES = HEADER_FIELDS * 8  # float64 fields ahead of the payload in a concurrent server's messages
+REPLY_HEADER_BYTES = REPLY_FIELDS * 8
 
 
 def check_server_ranks(server_ranks: list[int]) -> None:
@@ -63,6 +92,12 @@ def check_server_ranks(server_ranks: list[int]) -> None:
     ok = ok and all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in server_ranks)
     if not ok or len(set(server_ranks)) != len(server_ranks):
         raise ConfigError("server_ranks", f"must be a non-empty list of distinct ranks >= 0, got {server_ranks!r}")
+
+
+def check_server_mode(server: str) -> None:
+    """Fail unless ``server`` is one of :data:`SERVER_MODES` (``__post_init__`` helper)."""
+    if server not in SERVER_MODES:
+        raise ConfigError("server", f"must be one of {list(SERVER_MODES)}, got {server!r}")
 
 
 def split_ranges(numel: int, parts: int) -> list[tuple[int, int]]:
@@ -97,6 +132,7 @@ class ParameterServerAlgorithm(Algorithm):
     """
 
     output_role: ClassVar[str] = "server"  # the role of the servers' snapshots
+    server_mode: str = "serial"  # serial | concurrent (module docstring); a subclass may set it per instance
 
     def __init__(self, params, ctx: AlgorithmContext):
         super().__init__(params, ctx)
@@ -120,6 +156,7 @@ class ParameterServerAlgorithm(Algorithm):
         self.worker_state = WorkerState(base_version={s: 0 for s in self.server_ranks})
         self.shard: Optional[torch.Tensor] = None  # this server's range of the shared state
         self._pending: list[tuple[Work, torch.Tensor]] = []  # sends in progress and their buffers
+        self._connections: Optional[_Connections] = None  # the concurrent mode's messages
 
     # -- what subclasses define -----------------------------------------------------------------
 
@@ -139,6 +176,8 @@ class ParameterServerAlgorithm(Algorithm):
         if self.is_server:
             start, stop = self.ranges[self.comm.rank]
             self.shard = flatten(self.trainable)[start:stop].clone()
+        if self.server_mode == "concurrent":
+            self._connections = _Connections(self)
 
     def output_state(self) -> Optional[OutputState]:
         """On a server: its range of the shared state, inside a copy of its model's state (the
@@ -170,11 +209,15 @@ class ParameterServerAlgorithm(Algorithm):
             unflatten_into(flat, [p for p in deployable.parameters() if p.requires_grad])
             return deployable
         if self.is_server:
-            self.comm.send(self.shard, 0)
+            self.comm.send(self.shard.clone(), 0)  # a copy: a concurrent server's services may be writing it
         return self.model
 
     def finish(self) -> None:
-        """Complete sends in progress; a server writes its range into its own model (saved by the runner)."""
+        """Complete sends in progress (concurrent: a worker says goodbye to every server, a server
+        waits for every worker's goodbye); a server writes its range into its own model (saved by
+        the runner)."""
+        if self._connections is not None:
+            self._connections.close()
         self._prune(block=True)
         if self.is_server:
             flat = flatten(self.trainable)
@@ -189,6 +232,8 @@ class ParameterServerAlgorithm(Algorithm):
 
         Returns the mean loss the handled messages reported (NaN if none) and their largest staleness.
         """
+        if self._connections is not None:
+            return self._connections.serve(step)
         due = self.messages_due(step)
         start, stop = self.ranges[self.comm.rank]
         header = torch.zeros(HEADER_FIELDS, dtype=torch.float64)
@@ -229,6 +274,8 @@ class ParameterServerAlgorithm(Algorithm):
     def exchange(self, step: int, flat: torch.Tensor, want_reply: bool, loss: float) -> Optional[tuple[torch.Tensor, int]]:
         """Send each server its range of ``flat``; with ``want_reply`` wait for and return the
         servers' replies assembled into one flat tensor, and the largest staleness they reported."""
+        if self._connections is not None:
+            return self._connections.exchange(step, flat, want_reply, loss)
         for server, (start, stop) in self.ranges.items():
             header = torch.tensor(
                 [step, self.worker_state.base_version[server], float(want_reply), loss], dtype=torch.float64
@@ -304,3 +351,169 @@ class ParameterServerAlgorithm(Algorithm):
         super().load_rejoin_state(state, step)
         self.worker_state.base_version.update(state.get("versions", {}))
         self.worker_state.exchanges = self.messages_due(step)
+
+
+class _Connections:
+    """The concurrent mode's messages, on either side (module docstring, ``concurrent``).
+
+    A server: one receive posted per worker at a time; each request is served on its connection
+    (``_serve_one``: apply without a lock, reply, post the next receive), whichever arrives first,
+    without a global order. A worker: each exchange posts its replies' receives, then sends one
+    request per server, and waits for the replies.
+
+    Args:
+        algorithm: the parameter-server algorithm whose shard, counters and ``server_apply`` it uses.
+    """
+
+    def __init__(self, algorithm: ParameterServerAlgorithm):
+        self.algorithm = algorithm
+        comm = algorithm.comm
+        try:
+            self.driver = comm.stream_driver()
+        except NotImplementedError as error:
+            raise ConfigError("server", f"concurrent needs tagged messages on background threads: {error}; "
+                                        "or use server: serial") from error
+        self.lock = self.driver.lock
+        self.dtype = algorithm.trainable[0].dtype
+        self.element_size = torch.empty(0, dtype=self.dtype).element_size()
+        self.sends_in_flight = 0
+        self.goodbyes: set[int] = set()
+        self.served_losses: list[float] = []
+        self.served_staleness: list[int] = []
+        if algorithm.is_server:
+            start, stop = algorithm.ranges[comm.rank]
+            self.request_bytes = HEADER_BYTES + (stop - start) * self.element_size
+            self.driver.enter()
+            with self.lock:
+                for worker in algorithm.workers:
+                    self._post_request(worker, torch.empty(self.request_bytes, dtype=torch.uint8))
+
+    # -- server side ----------------------------------------------------------------------------
+
+    def _post_request(self, worker: int, buffer: torch.Tensor) -> None:
+        """Post the receive of ``worker``'s next request (call under the lock)."""
+        self.driver.recv(buffer, worker, lambda: self._serve_one(worker, buffer), locked=False)
+
+    def _serve_one(self, worker: int, buffer: torch.Tensor) -> None:
+        """A request from ``worker`` arrived in ``buffer``: apply it (no lock), reply, post the next
+        receive. On its connection's own thread (gloo), or as an event (the simulator)."""
+        algorithm = self.algorithm
+        _, base_version, want_reply, loss = buffer[:HEADER_BYTES].view(torch.float64).tolist()
+        with self.lock:
+            algorithm.comm.account("irecv", 0, self.request_bytes, 0.0)
+            if want_reply == GOODBYE:
+                self.goodbyes.add(worker)
+                self.driver.notify()
+                return
+            applied_before = algorithm.server_state.version
+        age = applied_before - int(base_version)
+        payload = buffer[HEADER_BYTES:].view(self.dtype)
+        centre = algorithm.server_apply(payload, bool(want_reply), age)  # Hogwild: no lock held
+        reply = None
+        if want_reply:
+            reply = torch.empty(REPLY_HEADER_BYTES + centre.numel() * self.element_size, dtype=torch.uint8)
+            reply[:REPLY_HEADER_BYTES].view(torch.float64).copy_(
+                torch.tensor([applied_before + 1, age], dtype=torch.float64))
+            reply[REPLY_HEADER_BYTES:].view(self.dtype).copy_(centre)
+        with self.lock:
+            algorithm.note_sync()  # the servers' state is the output model
+            algorithm.server_state.version += 1
+            algorithm.server_state.handled[worker] += 1
+            self.served_losses.append(loss)
+            self.served_staleness.append(age)
+            if reply is not None:
+                self._send(reply, worker)
+            self._post_request(worker, buffer)  # the payload was read: the buffer is free again
+            self.driver.notify()
+
+    def serve(self, step: int) -> StepResult:
+        """The server's step: wait until every worker's requests due by ``step`` were applied."""
+        algorithm = self.algorithm
+        due = algorithm.messages_due(step)
+        handled = algorithm.server_state.handled
+        self._wait(lambda: all(handled[w] >= due for w in algorithm.workers))
+        with self.lock:
+            losses, self.served_losses = self.served_losses, []
+            staleness, self.served_staleness = self.served_staleness, []
+        return StepResult(
+            loss=sum(losses) / len(losses) if losses else math.nan, staleness=max(staleness) if staleness else None
+        )
+
+    # -- worker side ----------------------------------------------------------------------------
+
+    def exchange(self, step: int, flat: torch.Tensor, want_reply: bool, loss: float) -> Optional[tuple[torch.Tensor, int]]:
+        """:meth:`ParameterServerAlgorithm.exchange` over the connections."""
+        algorithm = self.algorithm
+        self.driver.enter()
+        replies: dict[int, torch.Tensor] = {}
+        arrived: set[int] = set()
+        with self.lock:
+            if want_reply:
+                for server, (start, stop) in algorithm.ranges.items():
+                    replies[server] = buffer = torch.empty(REPLY_HEADER_BYTES + (stop - start) * self.element_size,
+                                                           dtype=torch.uint8)
+                    self.driver.recv(buffer, server, lambda server=server: self._reply_arrived(server, arrived))
+            for server, (start, stop) in algorithm.ranges.items():
+                header = [step, algorithm.worker_state.base_version[server], float(want_reply), loss]
+                self._send(self._request(header, flat[start:stop]), server)
+        algorithm.worker_state.exchanges += 1
+        if not want_reply:
+            return None
+        self._wait(lambda: len(arrived) == len(replies))
+        result = torch.empty_like(flat)
+        ages = []
+        for server, (start, stop) in algorithm.ranges.items():
+            version, age = replies[server][:REPLY_HEADER_BYTES].view(torch.float64).tolist()
+            algorithm.worker_state.base_version[server] = int(version)
+            result[start:stop] = replies[server][REPLY_HEADER_BYTES:].view(flat.dtype)
+            ages.append(int(age))
+        return result, max(ages)
+
+    def _request(self, header: list[float], values: torch.Tensor) -> torch.Tensor:
+        message = torch.empty(HEADER_BYTES + values.numel() * self.element_size, dtype=torch.uint8)
+        message[:HEADER_BYTES].view(torch.float64).copy_(torch.tensor(header, dtype=torch.float64))
+        message[HEADER_BYTES:].view(self.dtype).copy_(values.detach().reshape(-1))
+        return message
+
+    def _reply_arrived(self, server: int, arrived: set[int]) -> None:
+        """Under the lock (a locked receive)."""
+        arrived.add(server)
+        start, stop = self.algorithm.ranges[server]
+        self.algorithm.comm.account("irecv", 0, REPLY_HEADER_BYTES + (stop - start) * self.element_size, 0.0)
+        self.driver.notify()
+
+    # -- both sides -----------------------------------------------------------------------------
+
+    def _send(self, message: torch.Tensor, dst: int) -> None:
+        """Send ``message`` (call under the lock); counted until it is handed to the transport."""
+        self.sends_in_flight += 1
+        self.algorithm.comm.account("isend", message.numel(), 0, 0.0)
+        self.driver.send(message, dst, self._sent)
+
+    def _sent(self) -> None:
+        self.sends_in_flight -= 1
+        self.driver.notify()
+
+    def _wait(self, predicate) -> None:
+        """Block until ``predicate()`` (evaluated under the lock); accounted as blocked time."""
+        self.driver.enter()
+        started = clock.perf_counter()
+        try:
+            self.driver.wait(predicate)
+        finally:
+            self.algorithm.comm.account("irecv", 0, 0, clock.perf_counter() - started, calls=0)
+
+    def close(self) -> None:
+        """The end: a worker sends every server its goodbye; a server waits for every worker's.
+        Then both wait until their messages are handed over and end the driver's threads."""
+        algorithm = self.algorithm
+        if algorithm.is_server:
+            self._wait(lambda: self.goodbyes >= set(algorithm.workers))
+        else:
+            self.driver.enter()
+            with self.lock:
+                for server, (start, stop) in algorithm.ranges.items():
+                    self._send(self._request([-1.0, 0.0, GOODBYE, math.nan], torch.zeros(stop - start, dtype=self.dtype)),
+                               server)
+        self._wait(lambda: self.sends_in_flight == 0)
+        self.driver.close()

@@ -15,7 +15,8 @@ Algorithms never call ``torch.distributed`` directly. The package, one concern a
   ``max_in_flight`` (:data:`MAX_IN_FLIGHT`, ``comm.max_in_flight``) background collectives run at
   once per rank, on the real comm and the simulator's alike.
 * :mod:`.streams`: :class:`MessageStreams`, the keyed fixed-size messages of a parameter-server
-  exchange (``p3``, ``ps_sync``), run by the comm's :meth:`Comm.stream_driver`.
+  exchange (``p3``, ``ps_sync``), run by the comm's :meth:`Comm.stream_driver` (whose receives
+  also carry ``eawild``'s concurrent server, one service per worker connection).
 * :mod:`.torch_backend`: :class:`TorchComm`, over a torch.distributed process group (gloo or nccl).
 * :mod:`.tcp`: :class:`TcpComm`, the elastic comm over plain TCP that survives a peer's crash.
 

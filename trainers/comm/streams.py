@@ -45,7 +45,9 @@ log = logging.getLogger(__name__)
 class ThreadedStreamDriver:
     """Runs :class:`MessageStreams`' background work on threads: one per peer and direction, each
     waiting for its operations in the order they were started (a pair's messages arrive in the
-    order sent) and then running their callbacks under :attr:`lock`. The simulator's driver
+    order sent) and then running their callbacks under :attr:`lock` (a receive posted with
+    ``locked=False``: without it, so that different peers' callbacks run at once; eawild's
+    concurrent server, ``trainers.algorithms.ps_common``). The simulator's driver
     (``trainers.sim.comm``) runs the same callbacks as events on the virtual clock.
 
     Args:
@@ -68,14 +70,21 @@ class ThreadedStreamDriver:
         wait_fn, _ = self.comm.tagged_isend(message, dst, tag)
         self._after(("send", dst, tag), wait_fn, on_done)
 
-    def recv(self, buffer: torch.Tensor, src: int, on_done: Callable[[], None], tag: int = STREAM_TAG) -> None:
-        """Post a receive into ``buffer`` (message tag ``tag``); ``on_done()`` once a message arrived in it."""
+    def recv(self, buffer: torch.Tensor, src: int, on_done: Callable[[], None], locked: bool = True,
+             tag: int = STREAM_TAG) -> None:
+        """Post a receive into ``buffer`` (message tag ``tag``); ``on_done()`` once a message arrived in it.
+
+        locked: run ``on_done`` under :attr:`lock` (the default). False: run it without, on
+        ``src``'s receiving thread, so that receives from different sources are handled at the
+        same time (a parameter server's per-connection service, ``ps_common``); ``on_done`` then
+        takes the lock itself for what it shares, and for any call into this driver.
+        """
         wait_fn, _ = self.comm.tagged_irecv(buffer, src, tag)
-        self._after(("recv", src, tag), wait_fn, on_done)
+        self._after(("recv", src, tag), wait_fn, on_done, locked)
 
     def recv_any(self, buffer: torch.Tensor, tag: int, on_done: Callable[[int], None]) -> None:
         """Post a receive from any source with message tag ``tag`` into ``buffer``; ``on_done(src)``
-        once a message arrived in it (SwarmSGD's requests: who asks is not known in advance)."""
+        once a message arrived in it, under :attr:`lock` (SwarmSGD's requests: who asks is not known in advance)."""
         wait_fn, _ = self.comm.tagged_irecv_any(buffer, tag)
         source: list[int] = []
         self._after(("recv_any", -1, tag), lambda: source.append(wait_fn()), lambda: on_done(source[0]))
@@ -109,21 +118,25 @@ class ThreadedStreamDriver:
                 log.warning("rank %d: message stream thread %s (%s, peer rank %d) still waits on its operation "
                             "%.1f s after close; left running", self.comm.rank, thread.name, direction, peer, timeout_s)
 
-    def _after(self, key: tuple[str, int, int], wait_fn: Callable, on_done: Callable[[], None]) -> None:
+    def _after(self, key: tuple[str, int, int], wait_fn: Callable, on_done: Callable[[], None],
+               locked: bool = True) -> None:
         if key not in self._workers:
             work: queue.SimpleQueue = queue.SimpleQueue()
             thread = threading.Thread(target=self._work, args=(work,), daemon=True,
                                       name=f"stream-{key[0]}-{key[1]}-rank{self.comm.rank}")
             self._workers[key] = (work, thread)
             thread.start()
-        self._workers[key][0].put((wait_fn, on_done))
+        self._workers[key][0].put((wait_fn, on_done, locked))
 
     def _work(self, work: queue.SimpleQueue) -> None:
         while (item := work.get()) is not None:
-            wait_fn, on_done = item
+            wait_fn, on_done, locked = item
             try:
                 wait_fn()
-                with self.lock:
+                if locked:
+                    with self.lock:
+                        on_done()
+                else:
                     on_done()
             except BaseException as error:  # noqa: BLE001 - raised on the rank's thread by wait()
                 with self.lock:

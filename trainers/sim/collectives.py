@@ -85,10 +85,6 @@ def direct(entered: np.ndarray, network, nbytes: float) -> np.ndarray:
     if n == 1:
         return entered.copy()
     lat = network.latency_s
-    share = network.connection_cap()  # without NICs (with them: nic_transfer)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        transfer = np.where(nbytes > 0, nbytes / share, 0.0)
-    np.fill_diagonal(transfer, 0.0)
     start = np.maximum(entered[:, None], entered[None, :] + lat.T)   # [src, dst]: dst's notice reached src
     src, dst = np.nonzero(~np.eye(n, dtype=bool))
     start[src, dst] += network.slow_start_s(src, dst, nbytes, start[src, dst])
@@ -98,6 +94,9 @@ def direct(entered: np.ndarray, network, nbytes: float) -> np.ndarray:
         np.maximum.at(sent, src, left)
         np.maximum.at(arrived, dst, reached)
         return np.maximum(np.maximum(entered, sent), arrived)
+    with np.errstate(divide="ignore", invalid="ignore"):  # without NICs: each pair's connection alone
+        transfer = np.where(nbytes > 0, nbytes / network.connection_cap(), 0.0)
+    np.fill_diagonal(transfer, 0.0)
     arrive = start + lat + transfer
     np.fill_diagonal(arrive, -np.inf)
     np.fill_diagonal(start, -np.inf)
@@ -144,10 +143,6 @@ def broadcast(entered: np.ndarray, network, nbytes: float, src: int) -> np.ndarr
     if n == 1:
         return entered.copy()
     lat = network.latency_s
-    share = network.connection_cap()[src]  # without NICs (with them: nic_transfer)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        transfer = np.where(nbytes > 0, nbytes / share, 0.0)
-    transfer[src] = 0.0
     start = np.maximum(entered[src], entered + lat[:, src])
     others = np.arange(n) != src
     start[others] += network.slow_start_s(np.full(n - 1, src), np.arange(n)[others], nbytes, start[others])
@@ -157,6 +152,9 @@ def broadcast(entered: np.ndarray, network, nbytes: float, src: int) -> np.ndarr
         done[others] = np.maximum(entered[others], reached)
         done[src] = max(entered[src], float(sent.max()))
         return done
+    with np.errstate(divide="ignore", invalid="ignore"):  # without NICs: each connection alone
+        transfer = np.where(nbytes > 0, nbytes / network.connection_cap()[src], 0.0)
+    transfer[src] = 0.0
     arrive = start + lat[src] + transfer
     done = np.maximum(entered, arrive)
     done[src] = max(entered[src], float((start + transfer)[others].max()))

@@ -266,7 +266,9 @@ class SimStreamDriver:
         sent = Completion(what=f"stream message to rank {dst}", callbacks=[on_done])
         self.comm.exchange.send(_Message(self.comm.rank, dst, tag, message.detach().clone(), sent, self.sim.now))
 
-    def recv(self, buffer: torch.Tensor, src: int, on_done: Callable[[], None], tag: int = STREAM_TAG) -> None:
+    def recv(self, buffer: torch.Tensor, src: int, on_done: Callable[[], None], locked: bool = True,
+             tag: int = STREAM_TAG) -> None:
+        """``locked`` changes nothing here: events run one at a time, and apply in no virtual time."""
         done = Completion(what=f"stream message from rank {src}", callbacks=[on_done])
         self.comm.exchange.post(self.comm.rank, _Receive(buffer, src, None, tag, done, self.sim.now))
 
