@@ -76,7 +76,7 @@ class P3Params:
 
 
 @dataclass
-class _Slice:
+class Slice:
     """Elements [start, start + numel) of the forward-ordered concatenation of the parameters.
 
     segments: (param_index, first element in the parameter, end, offset in the slice).
@@ -151,7 +151,7 @@ class P3(Algorithm):
         # Optimizer state is per parameter, so one optimizer per layer gives the same math as one for all.
         self.layer_optimizers = [self.make_optimizer([self.trainable[i] for i in owned]) for owned in self.layer_params]
         self.reduced = [torch.zeros_like(p) for p in self.trainable]
-        self.slices: list[_Slice] = []
+        self.slices: list[Slice] = []
         self.slices_of_layer: list[list[int]] = []
         self.layers_of_slice: list[list[int]] = []
         self.slices_of_param: list[list[int]] = []
@@ -291,12 +291,12 @@ class P3(Algorithm):
                       for k, piece in enumerate(self.slices) if piece.owner == rank}
         self.streams = MessageStreams(self.comm, size, self.dtype, self._on_message, order=self.order)
 
-    def _cut_slices(self, params_in_order: list[int]) -> list[_Slice]:
+    def _cut_slices(self, params_in_order: list[int]) -> list[Slice]:
         """P3's slices: the concatenation of ``params_in_order`` cut every ``slice_elements``
         (a slice may span parameters), slice k owned by rank k mod n."""
         n, size = self.comm.world_size, self.params.slice_elements
         total = sum(self.trainable[i].numel() for i in params_in_order)
-        slices = [_Slice(start, min(size, total - start), owner=k % n) for k, start in enumerate(range(0, total, size))]
+        slices = [Slice(start, min(size, total - start), owner=k % n) for k, start in enumerate(range(0, total, size))]
         offset = 0
         for i in params_in_order:
             numel = self.trainable[i].numel()

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainers.algorithms.p3 import P3, P3Params, _Slice
+from trainers.algorithms.p3 import P3, P3Params, Slice
 from trainers.config import ConfigError, require_float, require_int
 
 LAYOUTS = ("buckets", "mxnet_keys")
@@ -76,7 +76,7 @@ class PSSync(P3):
     order = "fifo"
     per_layer = False
 
-    def _cut_slices(self, params_in_order: list[int]) -> list[_Slice]:
+    def _cut_slices(self, params_in_order: list[int]) -> list[Slice]:
         if self.params.layout != "mxnet_keys":
             return super()._cut_slices(params_in_order)
         size, slices, offset = self.params.slice_elements, [], 0
@@ -85,7 +85,7 @@ class PSSync(P3):
             for first, end, server in mxnet_key_parts(numel, key, self.comm.world_size, self.params.bigarray_bound):
                 for start in range(first, end, size):
                     stop = min(start + size, end)
-                    slices.append(_Slice(offset + start, stop - start, owner=server, segments=[(i, start, stop, 0)]))
+                    slices.append(Slice(offset + start, stop - start, owner=server, segments=[(i, start, stop, 0)]))
             offset += numel
         return slices
 
