@@ -105,7 +105,9 @@ def test_a_snapshot_is_written_atomically_and_listed(tmp_path):
 
 NO_COMM_ALGORITHMS = {
     "local_sgd": {"name": "local_sgd", "params": {"H": 4}},
-    "swarmsgd": {"name": "swarmsgd", "params": {"H": 2}},
+    # the round-based exchange: the asynchronous one's bytes per step follow the replies' arrival
+    # times, which differ between any two runs (eval points or not), so per-step equality cannot hold
+    "swarmsgd": {"name": "swarmsgd", "params": {"H": 2, "interaction": "rounds"}},
     "async_ps": {"name": "async_ps"},
     "diloco": {"name": "diloco", "params": {"H": 5}},
     "sync": {"name": "sync"},
