@@ -224,6 +224,8 @@ def cmd_run(args) -> int:
     from .run import resume_run, run_scenario
     from .scenario import AUTO_TIME_DILATION, load_scenario
 
+    if args.jobs < 1:
+        raise ConfigError("", f"must be an integer >= 1, got {args.jobs}", source="--jobs")
     if args.resume is not None:
         for option in ("time_dilation", "output"):
             if getattr(args, option) is not None:
@@ -235,7 +237,7 @@ def cmd_run(args) -> int:
             raise SystemCheckError(f"a network is already up under prefix {prefix()!r}: 'wanbench clean' first "
                                    "(the killed run's network and ranks), or 'wanbench down' if it is yours")
         with teardown_on_signals():
-            completed = resume_run(args.resume, args.file, args.backend)
+            completed = resume_run(args.resume, args.file, args.backend, jobs=args.jobs)
         scenario_name = completed.run_dir.parent.name
     else:
         if args.file is None:
@@ -252,7 +254,7 @@ def cmd_run(args) -> int:
         if backend != "sim" and read_state(prefix()) is not None:
             raise SystemCheckError(f"a network is already up under prefix {prefix()!r}; 'wanbench down' first")
         with teardown_on_signals():
-            completed = run_scenario(scenario, backend, Path(args.output) if args.output else RUNS_ROOT)
+            completed = run_scenario(scenario, backend, Path(args.output) if args.output else RUNS_ROOT, jobs=args.jobs)
         scenario_name = scenario.name
     run_dir = completed.run_dir
     out = stdout_console()
@@ -523,6 +525,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="RUN_DIR", help="finish an interrupted run (results/runs/<scenario>/<run-id>): "
                                                        "re-run only its jobs that are not ok, keep the rest, then "
                                                        "write the summary and report as an uninterrupted run would")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="run N sim jobs at once, each its own process (default 1; results as one at a time); "
+                        "emulated jobs run one at a time")
     p.add_argument("--wide", action="store_true", help=WIDE_HELP)
     p.set_defaults(func=cmd_run)
 

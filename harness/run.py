@@ -31,6 +31,9 @@ import dataclasses
 import datetime
 import json
 import shutil
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Optional
 
@@ -111,11 +114,12 @@ def prepare_sim(scenario: Scenario, console, measure=measure_step_s) -> tuple[Sc
 
 
 def run_scenario(scenario: Scenario, backend_name: str, runs_root: Path = RUNS_ROOT,
-                 console=None, measure=measure_step_s) -> CompletedRun:
+                 console=None, measure=measure_step_s, jobs: int = 1) -> CompletedRun:
     """Run every job of `scenario`; its run directory is marked complete, or incomplete on error.
     `measure`: how `time_dilation: auto` (and sim's `compute_s: auto`) times a workload
     (harness/auto_dilation.py). `backend_name` "sim": no network is built, each job is simulated
-    (harness/sim_job.py)."""
+    (harness/sim_job.py). `jobs`: sim jobs run this many at once (`--jobs N`; emulated ones one
+    at a time)."""
     from rich.console import Console
 
     console = console or Console(stderr=True)
@@ -139,15 +143,15 @@ def run_scenario(scenario: Scenario, backend_name: str, runs_root: Path = RUNS_R
     write_json_atomic(partial / SCENARIO_FILE, scenario_record(scenario, sim))
     write_json_atomic(partial / "environment.json", environment(SIM_BACKEND if sim else backend_cls.name))
     partial.rename(run_dir)
-    return _run_in(run_dir, scenario, backend_cls, console, sim)
+    return _run_in(run_dir, scenario, backend_cls, console, sim, jobs=jobs)
 
 
 def _run_in(run_dir: Path, scenario: Scenario, backend_cls, console, sim: Optional[SimRun],
-            kept: frozenset = frozenset()) -> CompletedRun:
+            kept: frozenset = frozenset(), jobs: int = 1) -> CompletedRun:
     """Run the jobs of `scenario` in `run_dir` but those in `kept` (ids of jobs already ok), then
     write the summary and COMPLETE (INTERRUPTED and a partial summary on error, re-raised)."""
     try:
-        _run_points(scenario, backend_cls, run_dir, console, sim, kept)
+        _run_points(scenario, backend_cls, run_dir, console, sim, kept, jobs)
     except BaseException as exc:
         # Keep what was recorded and say so: `report` flags runs without COMPLETE.
         (run_dir / "INTERRUPTED").write_text(f"{type(exc).__name__}: {exc}\n")
@@ -274,7 +278,7 @@ def plan_resume(run_dir, scenario_file: Optional[str] = None, backend_name: Opti
 
 
 def resume_run(run_dir, scenario_file: Optional[str] = None, backend_name: Optional[str] = None,
-               console=None) -> CompletedRun:
+               console=None, jobs: int = 1) -> CompletedRun:
     """`wanbench run --resume RUN_DIR`: the jobs of an interrupted (or finished) run that are not
     ok run again, in the order an uninterrupted run takes (under `tuning:` the picks are made
     again from the kept and re-run candidates), the ok ones kept untouched; then the summary and
@@ -299,7 +303,7 @@ def resume_run(run_dir, scenario_file: Optional[str] = None, backend_name: Optio
                               "environment": environment(plan.backend_name)}, default=str) + "\n")
     console.print(f"resume {run_dir}: {len(plan.kept)} job(s) kept (ok), {len(plan.cleared)} folder(s) "
                   "cleared (failed, interrupted or partial); every job not kept runs now")
-    completed = _run_in(run_dir, plan.scenario, backend_cls, console, plan.sim, plan.kept)
+    completed = _run_in(run_dir, plan.scenario, backend_cls, console, plan.sim, plan.kept, jobs)
     superseded = _set_aside_superseded(run_dir)
     if superseded:  # the summary without them
         frames = load_run(run_dir)
@@ -327,54 +331,180 @@ def _set_aside_superseded(run_dir: Path) -> list[str]:
     return [path.name for path in stray]
 
 
+def _job_row(spec: JobSpec, stop, state: dict) -> list[str]:
+    """One job's live line: label and seed, step, loss, accuracy, virtual time (sim), wall time, ETA."""
+    job, simulated = spec.job, spec.sim is not None
+    eta = ""
+    if state["step"]:
+        rate = state["step"] / max(state["elapsed"], 1e-9)
+        left = (stop.steps - state["step"]) / rate
+        if stop.time_budget_s and not simulated:  # a sim's budget is virtual, its ETA wall clock
+            left = min(left, stop.time_budget_s - state["elapsed"])
+        eta = f"ETA {max(0.0, left):.0f}s"
+    loss = "-" if state["loss"] is None else f"{state['loss']:.3f}"
+    acc = "-" if state["acc"] is None else f"{state['acc']:.3f}"
+    virtual = [] if state["virtual"] is None else [f"virtual {state['virtual']:.1f}s"]
+    return [f"[bold]{job.label}[/] seed {job.seed}", f"step {state['step']}/{stop.steps}",
+            f"loss {loss}", f"acc {acc}", *virtual, f"{state['elapsed']:.0f}s", eta]
+
+
+def _new_state() -> dict:
+    return {"step": 0, "loss": None, "acc": None, "elapsed": 0.0, "virtual": None}
+
+
+def _update_state(state: dict, spec: JobSpec, records: dict, elapsed: float) -> None:
+    """A job's tick (rank 0's last records, wall seconds) into its live line's state."""
+    state["elapsed"] = spec.emulated_s(elapsed)  # emulated seconds, like the ETA's budget
+    if "step" in records:
+        state["step"] = records["step"].get("step", 0)
+        state["loss"] = records["step"].get("loss")
+        if spec.sim is not None:
+            state["virtual"] = records["step"].get("time_s")
+    if "eval" in records:
+        state["acc"] = records["eval"].get("accuracy")
+
+
 @contextlib.contextmanager
 def _progress(console, spec: JobSpec, stop):
     """A live line for one job (step, loss, accuracy, time, ETA); yields the tick run_job calls."""
     from rich.live import Live
     from rich.table import Table
 
-    job, simulated = spec.job, spec.sim is not None
-    state = {"step": 0, "loss": None, "acc": None, "elapsed": 0.0, "virtual": None}
+    state = _new_state()
 
     def render():
         table = Table.grid(padding=(0, 2))
-        eta = ""
-        if state["step"]:
-            rate = state["step"] / max(state["elapsed"], 1e-9)
-            left = (stop.steps - state["step"]) / rate
-            if stop.time_budget_s and not simulated:  # a sim's budget is virtual, its ETA wall clock
-                left = min(left, stop.time_budget_s - state["elapsed"])
-            eta = f"ETA {max(0.0, left):.0f}s"
-        loss = "-" if state["loss"] is None else f"{state['loss']:.3f}"
-        acc = "-" if state["acc"] is None else f"{state['acc']:.3f}"
-        virtual = [] if state["virtual"] is None else [f"virtual {state['virtual']:.1f}s"]
-        table.add_row(f"[bold]{job.label}[/] seed {job.seed}", f"step {state['step']}/{stop.steps}",
-                      f"loss {loss}", f"acc {acc}", *virtual, f"{state['elapsed']:.0f}s", eta)
+        table.add_row(*_job_row(spec, stop, state))
         return table
 
     with Live(render(), console=console, refresh_per_second=4, transient=True) as live:
         def tick(records, elapsed):
-            state["elapsed"] = spec.emulated_s(elapsed)  # emulated seconds, like the ETA's budget
-            if "step" in records:
-                state["step"] = records["step"].get("step", 0)
-                state["loss"] = records["step"].get("loss")
-                if simulated:
-                    state["virtual"] = records["step"].get("time_s")
-            if "eval" in records:
-                state["acc"] = records["eval"].get("accuracy")
+            _update_state(state, spec, records, elapsed)
             live.update(render())
 
         yield tick, state
 
 
+class _Cancelled(BaseException):
+    """Raised in a job's watch loop (its tick) when the run is ending: run_sim_job stops the job's
+    processes and records it `interrupted`, as on Ctrl-C."""
+
+
+class _Board:
+    """The live lines of the sim jobs running at once, under a line for the whole phase: jobs
+    done, running, waiting, and the time left (the mean wall time of the jobs done so far, times
+    the jobs not done, over the jobs at once)."""
+
+    def __init__(self, specs: list[JobSpec], at_once: int, stop):
+        self.total, self.at_once, self.stop = len(specs), at_once, stop
+        self.lock = threading.Lock()
+        self.running: dict[str, tuple[JobSpec, dict]] = {}
+        self.walls: list[float] = []
+        self.started = time.monotonic()
+        self.live = None
+
+    def render(self):
+        from rich.table import Table
+
+        table = Table.grid(padding=(0, 2))
+        done, running = len(self.walls), len(self.running)
+        head = f"{done} of {self.total} jobs done, {running} running ({self.at_once} at once)"
+        if self.walls:
+            left = sum(self.walls) / len(self.walls) * (self.total - done) / self.at_once
+            head += f", about {left:.0f}s left"
+        table.add_row(head)
+        for spec, state in list(self.running.values()):
+            inner = Table.grid(padding=(0, 2))
+            inner.add_row(*_job_row(spec, self.stop, state))
+            table.add_row(inner)
+        return table
+
+    def _refresh(self) -> None:
+        if self.live is not None:
+            self.live.update(self.render())
+
+    def start(self, spec: JobSpec) -> dict:
+        with self.lock:
+            state = _new_state()
+            self.running[spec.job.job_id] = (spec, state)
+            self._refresh()
+            return state
+
+    def tick(self, spec: JobSpec, records: dict, elapsed: float) -> None:
+        with self.lock:
+            _update_state(self.running[spec.job.job_id][1], spec, records, elapsed)
+            self._refresh()
+
+    def end(self, spec: JobSpec, wall_s: float) -> None:
+        with self.lock:
+            self.running.pop(spec.job.job_id, None)
+            self.walls.append(wall_s)
+            self._refresh()
+
+
+def _run_sim_jobs_at_once(specs: list[JobSpec], at_once: int, console, stop) -> None:
+    """Run sim jobs `at_once` at a time (threads, each watching its job's own process), printing
+    each job's line as it ends (in the order they end). On an error or Ctrl-C the jobs not started
+    are dropped and the running ones stopped (recorded `interrupted`, as one at a time), then it
+    re-raises."""
+    from rich.live import Live
+
+    if not specs:
+        return
+    board = _Board(specs, at_once, stop)
+    cancel = threading.Event()
+
+    def one(spec: JobSpec) -> tuple[JobOutcome, dict]:
+        if cancel.is_set():
+            raise _Cancelled()
+        state = board.start(spec)
+
+        def tick(records, elapsed):
+            if cancel.is_set():
+                raise _Cancelled()
+            board.tick(spec, records, elapsed)
+
+        started = time.monotonic()
+        try:
+            outcome = run_sim_job(spec, tick)
+        finally:
+            board.end(spec, time.monotonic() - started)
+        return outcome, _with_final_accuracy(spec, state)
+
+    pool = ThreadPoolExecutor(max_workers=at_once, thread_name_prefix="wanbench-job")
+    with Live(board.render(), console=console, refresh_per_second=4, transient=True) as live:
+        board.live = live
+        futures = {pool.submit(one, spec): spec for spec in specs}
+        try:
+            pending = set(futures)
+            while pending:
+                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    outcome, state = future.result()
+                    _print_job_line(console, futures[future], outcome, state)
+        except BaseException:
+            cancel.set()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            board.live = None
+
+
 def _run_points(scenario: Scenario, backend_cls, run_dir: Path, console, sim: Optional[SimRun] = None,
-                kept: frozenset = frozenset()) -> None:
+                kept: frozenset = frozenset(), jobs: int = 1) -> None:
     """Build each network point in turn, verify it, run its jobs, tear it down; on sim (`sim`
     given), simulate each job over the point's plan instead. Under `tuning:` a point's jobs are
     its tuning phase; then each label's pick is made (tuning.json, harness/tuning.py) and the
     reported seeds run at the picks, on the same network. `kept`: ids of jobs already ok in
-    `run_dir` (a resumed run), not run again; a point none of whose jobs runs builds no network."""
+    `run_dir` (a resumed run), not run again; a point none of whose jobs runs builds no network.
+    `jobs` > 1 on sim: a phase's jobs (a point's, or its reported seeds) run that many at once,
+    each its own process (harness/sim_job.py), so each job's results are those of a run one at a
+    time; emulated jobs still run one at a time (each needs the network's nodes and the cores)."""
     _say_run_settings(scenario, console, sim)
+    parallel = jobs if sim is not None else 1
+    if jobs > 1 and sim is None:
+        console.print(f"--jobs {jobs}: emulated jobs run one at a time (each needs every node of the network "
+                      "and this host's cores to itself); only sim jobs run at once")
     ports = _MasterPorts(scenario.spec.master_port)
     tuning = Tuning(scenario, run_dir / TUNING_FILE) if scenario.spec.tuning is not None else None
     reported: list[Job] = []
@@ -384,22 +514,30 @@ def _run_points(scenario: Scenario, backend_cls, run_dir: Path, console, sim: Op
             # the point's fault actions, compiled once, in emulated seconds
             faults = compile_actions(scenario.faults, plan.emulated_region_links()) if scenario.faults else ()
 
-            def run(job: Job) -> None:
+            def prepare(job: Job) -> Optional[tuple[JobSpec, int]]:
                 port = ports.next()  # taken by a kept job too: the ports a run uses do not depend on a resume
                 if job.job_id in kept:
-                    return
+                    return None
                 if sim is not None:
-                    spec = job_spec(scenario, job, run_dir / job.folder, plan, SIM_BACKEND, faults,
-                                    sim.job_settings(job, run_dir / point.folder / "plan.json", plan))
-                else:
-                    backend = network.ready()
-                    spec = dilated(job_spec(scenario, job, run_dir / job.folder, plan, backend.name, faults),
-                                   scenario.time_dilation)
-                outcome, state = _run_one_job(spec, plan, network.backend, port, console, scenario.spec.stop)
-                _print_job_line(console, spec, outcome, state)
+                    return job_spec(scenario, job, run_dir / job.folder, plan, SIM_BACKEND, faults,
+                                    sim.job_settings(job, run_dir / point.folder / "plan.json", plan)), port
+                backend = network.ready()
+                return dilated(job_spec(scenario, job, run_dir / job.folder, plan, backend.name, faults),
+                               scenario.time_dilation), port
 
-            for job in [j for j in scenario.jobs if j.network == point]:
-                run(job)
+            def run(phase: list[Job]) -> None:
+                if parallel > 1:
+                    specs = [prepared[0] for prepared in map(prepare, phase) if prepared is not None]
+                    _run_sim_jobs_at_once(specs, parallel, console, scenario.spec.stop)
+                    return
+                for job in phase:
+                    prepared = prepare(job)
+                    if prepared is not None:
+                        outcome, state = _run_one_job(prepared[0], plan, network.backend, prepared[1], console,
+                                                      scenario.spec.stop)
+                        _print_job_line(console, prepared[0], outcome, state)
+
+            run([j for j in scenario.jobs if j.network == point])
             if tuning is None:
                 continue
             picked, records = tuning.choose(load_run(run_dir), point)
@@ -408,8 +546,7 @@ def _run_points(scenario: Scenario, backend_cls, run_dir: Path, console, sim: Op
                               f"(by {scenario.spec.tuning.by} on seed {scenario.spec.tuning.seed})")
             reported += picked
             write_json_atomic(run_dir / "scenario.json", scenario_record(scenario, sim, reported))
-            for job in picked:
-                run(job)
+            run(picked)
 
 
 def _say_run_settings(scenario: Scenario, console, sim: Optional[SimRun]) -> None:
@@ -505,16 +642,22 @@ def _run_one_job(spec: JobSpec, plan, backend, port: int, console, stop) -> tupl
             outcome = run_sim_job(spec, tick)
         else:
             outcome = run_job(plan, spec, port, tick, network=backend)
+    return outcome, _with_final_accuracy(spec, state)
+
+
+def _with_final_accuracy(spec: JobSpec, state: dict) -> dict:
+    """The line's state with the evaluator's final accuracy (it may finish after the ranks)."""
     final = (last_records(spec.job_dir / "eval.jsonl", kinds=("eval",)).get("eval")
              # a user's script writes its evals in-band (trainers/byo.py)
              or last_records(spec.job_dir / "rank0.jsonl", kinds=("eval",)).get("eval") or {})
     state["acc"] = final.get("accuracy", state["acc"])
-    return outcome, state
+    return state
 
 
 def _print_job_line(console, spec: JobSpec, outcome: JobOutcome, state: dict) -> None:
     mark = "[green]ok[/]" if outcome.status == "ok" else f"[red]{outcome.status}[/] {outcome.reason}"
+    acc = "-" if state["acc"] is None else f"{state['acc']:.3f}"
     console.print(f"  {spec.job.label} seed {spec.job.seed}: {mark} in {outcome.wall_s:.1f}s, "
-                  f"step {state['step']}, acc {state['acc']}")
+                  f"step {state['step']}, acc {acc}")
     for line in failure_lines(spec.job_dir, outcome.status, outcome.reason):  # rank, log, error
         console.print(f"    {line}", markup=False, highlight=False, soft_wrap=True)
