@@ -497,12 +497,12 @@ def _run_points(scenario: Scenario, backend_cls, run_dir: Path, console, sim: Op
     its tuning phase; then each label's pick is made (tuning.json, harness/tuning.py) and the
     reported seeds run at the picks, on the same network. `kept`: ids of jobs already ok in
     `run_dir` (a resumed run), not run again; a point none of whose jobs runs builds no network.
-    `jobs` > 1 on sim: a phase's jobs (a point's, or its reported seeds) run that many at once,
-    each its own process (harness/sim_job.py), so each job's results are those of a run one at a
-    time; emulated jobs still run one at a time (each needs the network's nodes and the cores)."""
+    `jobs` > 1 on sim: `_run_sim_points_at_once`; emulated jobs run one at a time whatever it is."""
     _say_run_settings(scenario, console, sim)
-    parallel = jobs if sim is not None else 1
-    if jobs > 1 and sim is None:
+    if jobs > 1 and sim is not None:
+        _run_sim_points_at_once(scenario, run_dir, console, sim, kept, jobs)
+        return
+    if jobs > 1:
         console.print(f"--jobs {jobs}: emulated jobs run one at a time (each needs every node of the network "
                       "and this host's cores to itself); only sim jobs run at once")
     ports = _MasterPorts(scenario.spec.master_port)
@@ -514,39 +514,67 @@ def _run_points(scenario: Scenario, backend_cls, run_dir: Path, console, sim: Op
             # the point's fault actions, compiled once, in emulated seconds
             faults = compile_actions(scenario.faults, plan.emulated_region_links()) if scenario.faults else ()
 
-            def prepare(job: Job) -> Optional[tuple[JobSpec, int]]:
+            def run(job: Job) -> None:
                 port = ports.next()  # taken by a kept job too: the ports a run uses do not depend on a resume
                 if job.job_id in kept:
-                    return None
-                if sim is not None:
-                    return job_spec(scenario, job, run_dir / job.folder, plan, SIM_BACKEND, faults,
-                                    sim.job_settings(job, run_dir / point.folder / "plan.json", plan)), port
-                backend = network.ready()
-                return dilated(job_spec(scenario, job, run_dir / job.folder, plan, backend.name, faults),
-                               scenario.time_dilation), port
-
-            def run(phase: list[Job]) -> None:
-                if parallel > 1:
-                    specs = [prepared[0] for prepared in map(prepare, phase) if prepared is not None]
-                    _run_sim_jobs_at_once(specs, parallel, console, scenario.spec.stop)
                     return
-                for job in phase:
-                    prepared = prepare(job)
-                    if prepared is not None:
-                        outcome, state = _run_one_job(prepared[0], plan, network.backend, prepared[1], console,
-                                                      scenario.spec.stop)
-                        _print_job_line(console, prepared[0], outcome, state)
+                if sim is not None:
+                    spec = job_spec(scenario, job, run_dir / job.folder, plan, SIM_BACKEND, faults,
+                                    sim.job_settings(job, run_dir / point.folder / "plan.json", plan))
+                else:
+                    backend = network.ready()
+                    spec = dilated(job_spec(scenario, job, run_dir / job.folder, plan, backend.name, faults),
+                                   scenario.time_dilation)
+                outcome, state = _run_one_job(spec, plan, network.backend, port, console, scenario.spec.stop)
+                _print_job_line(console, spec, outcome, state)
 
-            run([j for j in scenario.jobs if j.network == point])
+            for job in [j for j in scenario.jobs if j.network == point]:
+                run(job)
             if tuning is None:
                 continue
-            picked, records = tuning.choose(load_run(run_dir), point)
-            for record in records:
-                console.print(f"  tuning: {record['label']} at {record['network']}: pick {record['pick']} "
-                              f"(by {scenario.spec.tuning.by} on seed {scenario.spec.tuning.seed})")
+            picked = _choose(tuning, run_dir, point, console, scenario)
             reported += picked
             write_json_atomic(run_dir / "scenario.json", scenario_record(scenario, sim, reported))
-            run(picked)
+            for job in picked:
+                run(job)
+
+
+def _choose(tuning: Tuning, run_dir: Path, point: NetworkPoint, console, scenario: Scenario) -> list[Job]:
+    """A point's picks from its tuning jobs (said on the console): the reported jobs to run."""
+    picked, records = tuning.choose(load_run(run_dir), point)
+    for record in records:
+        console.print(f"  tuning: {record['label']} at {record['network']}: pick {record['pick']} "
+                      f"(by {scenario.spec.tuning.by} on seed {scenario.spec.tuning.seed})")
+    return picked
+
+
+def _run_sim_points_at_once(scenario: Scenario, run_dir: Path, console, sim: SimRun, kept: frozenset,
+                            jobs: int) -> None:
+    """`--jobs N` on sim: the jobs of every network point in one pool, N at a time (each job is a
+    process of its own over its point's plan: no network is built, so points need not take turns).
+    Under `tuning:` two phases: every point's tuning jobs, then (the picks need them all) every
+    point's reported jobs. Each job's results are those of a run one at a time."""
+    points = []
+    for point in scenario.network_points():
+        with _network_point(scenario, point, None, run_dir, console) as network:  # writes plan.json
+            faults = compile_actions(scenario.faults, network.plan.emulated_region_links()) if scenario.faults else ()
+            points.append((point, network.plan, faults))
+
+    def specs(phase: list[Job]) -> list[JobSpec]:
+        made = []
+        for point, plan, faults in points:
+            for job in (j for j in phase if j.network == point and j.job_id not in kept):
+                made.append(job_spec(scenario, job, run_dir / job.folder, plan, SIM_BACKEND, faults,
+                                     sim.job_settings(job, run_dir / point.folder / "plan.json", plan)))
+        return made
+
+    _run_sim_jobs_at_once(specs(scenario.jobs), jobs, console, scenario.spec.stop)
+    if scenario.spec.tuning is None:
+        return
+    tuning = Tuning(scenario, run_dir / TUNING_FILE)
+    reported = [job for point, _, _ in points for job in _choose(tuning, run_dir, point, console, scenario)]
+    write_json_atomic(run_dir / "scenario.json", scenario_record(scenario, sim, reported))
+    _run_sim_jobs_at_once(specs(reported), jobs, console, scenario.spec.stop)
 
 
 def _say_run_settings(scenario: Scenario, console, sim: Optional[SimRun]) -> None:

@@ -84,19 +84,23 @@ def test_two_at_once_on_the_real_simulator_give_the_summary_of_one_at_a_time(wri
                              if r["kind"] == "step"]
 
 
-def test_jobs_overlap_at_most_n_and_the_tuned_run_equals_one_at_a_time(stamped, write_yaml, tmp_path):
-    path = write_yaml(TUNED, "s.yaml")  # tuning: 2 lr x 2 algorithms on seed 0, then 2 x 2 reported seeds
+def test_jobs_of_every_point_overlap_at_most_n_and_the_tuned_run_equals_one_at_a_time(stamped, write_yaml, tmp_path):
+    # tuning: 2 lr x 2 algorithms on seed 0, then 2 x 2 reported seeds, at each of two network points
+    path = write_yaml(TUNED + "sweep: {delay_scale: [1.0, 2.0]}\n", "s.yaml")
     runs = {jobs: run_module.run_scenario(load_scenario(path), "sim", tmp_path / f"jobs{jobs}", console=_quiet(),
                                           jobs=jobs) for jobs in (1, 3)}
     pd.testing.assert_frame_equal(_summary(runs[1].run_dir), _summary(runs[3].run_dir))
-    assert len(_summary(runs[1].run_dir)) == 8
+    assert len(_summary(runs[1].run_dir)) == 16
+    assert (runs[1].run_dir / "tuning.json").read_text() == (runs[3].run_dir / "tuning.json").read_text()
     assert _most_at_once(_intervals(runs[1].run_dir)) == 1
-    # four tuning jobs, then four reported ones (after the picks): at most 3 at once, and at once
     assert _most_at_once(_intervals(runs[3].run_dir)) == 3
-    # the picks need every tuning job's result: no reported job starts before the last one ended
     ran = dict(zip(sorted(p.name for p in (runs[3].run_dir / "jobs").glob("*")), _intervals(runs[3].run_dir)))
+    # the points do not take turns: a job of one ran while a job of the other did
+    assert any(a[0] < b[1] and b[0] < a[1] for name_a, a in ran.items() for name_b, b in ran.items()
+               if name_a.startswith("delay1-") and name_b.startswith("delay2-"))
+    # the picks need every tuning job's result: no reported job starts before the last one ended
     tuning = [name for name in ran if "-lr" in name]  # delay1-sync-lr0.05-seed0; reported: delay1-sync-seed1
-    assert len(tuning) == 4
+    assert len(tuning) == 8
     assert max(ran[j][1] for j in tuning) <= min(ran[j][0] for j in ran if j not in tuning)
 
 def test_an_interrupted_parallel_run_stops_its_running_jobs_and_resumes_to_the_same_summary(stamped, write_yaml,
