@@ -663,3 +663,30 @@ def test_the_same_job_trains_the_same_bits_whatever_it_stands_in_for(tmp_path):
 def test_a_wire_scale_must_be_a_finite_positive_number(bad):
     with pytest.raises(ValueError, match="wire_scale"):
         Simulator(2, network(2), ComputeModel(0.0), wire_scale=bad)
+
+
+def test_auto_picks_the_ring_for_a_stand_in_s_tensor_and_charges_its_bytes_by_the_collective_model():
+    """A 4 kB tensor standing for 400 MB: auto takes the ring (as it would for 400 MB, not the
+    direct exchange 4 kB gets), which ends when the ring model says for 400 MB, and the byte
+    counters count the ring's 2(n-1)/n of 400 MB."""
+    from trainers.sim import collectives
+
+    n, scale, tensor_bytes = 4, 1e5, 4000
+    net = network(n, 0.05, 125e6)
+
+    def body(sim, comm, log):
+        tensor = torch.full((tensor_bytes // 4,), float(comm.rank))
+        work = comm.allreduce_async(tensor, "sum")
+        work.wait()
+        log.append((comm.rank, sim.now, tensor[0].item(), comm.stats.bytes_sent))
+
+    sim = Simulator(n, net, ComputeModel(0.0), wire_scale=scale)
+    log = []
+    sim.run([lambda r=r: body(sim, SimComm(sim, r, "auto"), log) for r in range(n)])
+    expected = collectives.ring_allreduce(np.zeros(n), net, scale * tensor_bytes)
+    direct = collectives.direct(np.zeros(n), net, scale * tensor_bytes)
+    assert not np.allclose(expected, direct)  # the two models differ here: the check can tell them apart
+    for rank, done, value, sent in log:
+        assert done == pytest.approx(expected[rank], rel=1e-9)
+        assert value == sum(range(n))  # the real tensor, reduced exactly
+        assert sent == pytest.approx(2 * (n - 1) / n * scale * tensor_bytes, rel=1e-6)

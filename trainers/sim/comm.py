@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from trainers.comm import COMBINE, MAX_IN_FLIGHT, STREAM_TAG, Comm, tensor_nbytes
+from trainers.comm.allreduce import DIRECT_MAX_BYTES
 
 from . import collectives
 from .engine import Completion, Simulator
@@ -313,6 +314,16 @@ class SimComm(Comm):
     @property
     def transport(self) -> str:
         return f"sim:{self.allreduce_algorithm}"
+
+    def _allreduce_algorithm_for(self, tensor, op, algorithm):
+        """As the base class, but ``auto`` picks direct or ring by the bytes charged (a stand-in's
+        tensor, not the small model's: a 10B model's all-reduce is a ring, as it would be)."""
+        resolved = super()._allreduce_algorithm_for(tensor, op, algorithm)
+        requested = self.allreduce_algorithm if algorithm is None else algorithm
+        if requested != "auto" or self.sim.wire_scale == 1.0:
+            return resolved
+        charged = self.sim.wire_bytes(tensor_nbytes(tensor))
+        return "direct" if (self.world_size - 1) * charged <= DIRECT_MAX_BYTES else "ring"
 
     def account(self, op: str, sent: int, recv: int, blocked_s: float, calls: int = 1) -> None:
         """The base class's counters, in the bytes charged on the network (a stand-in model's:
