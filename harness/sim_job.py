@@ -258,8 +258,9 @@ def main(argv: Optional[list[str]] = None, engine: Optional[SimpleNamespace] = N
     network = engine.FluidNetwork.from_plan(plan, nic_rate_bit_s=given.nic_rate_bit_s, seed=given.seed)
     compute = engine.ComputeModel(**given.compute)
     actions = fault_actions(list(given.faults), plan, job_dir / "faults.jsonl", engine.wall_time)
-    wire_scale = given.stand_in["wire_scale"] if given.stand_in else 1.0
-    run = engine.run_simulated(given.config, len(plan.nodes), network, compute, actions, wire_scale=wire_scale)
+    # a stand-in's scale only where there is one: a job without is run as it was before stand_in
+    stand_in = {"wire_scale": given.stand_in["wire_scale"]} if given.stand_in else {}
+    run = engine.run_simulated(given.config, len(plan.nodes), network, compute, actions, **stand_in)
     ended = [r for r in run if r is not None]  # a rank killed and not restarted has none
     stops = sorted({r.stop_reason for r in ended})
     print(f"sim: {len(run)} ranks, rank 0 took {run[0].steps if run and run[0] else 0} steps "

@@ -258,7 +258,7 @@ FAKE_ENGINE = textwrap.dedent('''
         (out / "fake.json").write_text(json.dumps({
             "world_size": world_size, "compute": dataclasses.asdict(compute), "nic": network.nic,
             "seed": network.seed, "action_times": [a[0] for a in actions], "set_link": network.calls,
-            "factors": factors, "wire_scale": wire_scale}))
+            "factors": factors, **({"wire_scale": wire_scale} if wire_scale != 1.0 else {})}))
         return SimulatedRun([SimpleNamespace(steps=config.steps, stop_reason="steps") for _ in range(world_size)],
                             crashed_at={}, restarts={})
 
