@@ -596,3 +596,14 @@ def test_a_stand_in_s_compute_profile_gives_its_step_time(write_yaml):
     sim = sim_run(scenario)
     assert {c["forward_backward_s"] for c in sim.compute.values()} == {0.180}
     assert {s["step_source"] for s in sim.stand_in.values()} == {"compute_profile v100-resnet50-fp32-b64"}
+
+
+def test_a_resumed_stand_in_run_charges_what_the_saved_run_did(write_yaml):
+    """--resume takes the compute model and the stand-in from scenario.json, not measured again."""
+    scenario = load_scenario(write_yaml(STAND_IN, "resume.yaml"))
+    made = sim_run(scenario)
+    saved = json.loads(json.dumps(made.record()))  # as scenario.json holds it
+    restored = run_module._saved_sim(scenario, saved)
+    assert restored.stand_in == made.stand_in and restored.compute == made.compute
+    with pytest.raises(ConfigError, match="sim.stand_in: holds 2 workloads, the scenario has 1"):
+        run_module._saved_sim(scenario, {**saved, "stand_in": saved["stand_in"] * 2})
