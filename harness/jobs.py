@@ -516,7 +516,8 @@ def run_sim_job(spec: JobSpec, on_tick=None) -> JobOutcome:
         log.close()
         helpers.unregister(pid_file)
         if outcome is not None:  # job.json last (atomic): an `ok` job's folder is complete
-            write_job_record(spec, outcome, stop_decision=None, gpus=[], compute=spec.sim.compute)
+            stand_in = {"stand_in": spec.sim.stand_in} if spec.sim.stand_in is not None else {}
+            write_job_record(spec, outcome, stop_decision=None, gpus=[], compute=spec.sim.compute, **stand_in)
     return outcome
 
 

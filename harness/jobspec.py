@@ -78,11 +78,14 @@ class SimSettings:
         nic_rate_bit_s: each node's NIC, or None.
         compute: the compute model: forward_backward_s, step_overhead_s, source, and
             start_offsets_s per rank where the scenario gives them (harness/sim_job.py SimRun).
+        stand_in: the model the job stands for (harness/sim_job.py stand_in_record: its wire
+            scale, real and stand-in sizes), or None.
     """
 
     plan_path: Path
     nic_rate_bit_s: Optional[float]
     compute: dict
+    stand_in: Optional[dict] = None
 
 
 @dataclass(frozen=True)
@@ -131,8 +134,11 @@ class JobSpec:
 
     def sim_file(self) -> dict:
         """sim.json: the plan, the seed, the NIC, the compute model and the fault actions."""
-        return {"plan": str(self.sim.plan_path), "seed": self.job.seed, "nic_rate_bit_s": self.sim.nic_rate_bit_s,
-                "compute": self.sim.compute, "faults": [action_record(action) for action in self.faults]}
+        sim = {"plan": str(self.sim.plan_path), "seed": self.job.seed, "nic_rate_bit_s": self.sim.nic_rate_bit_s,
+               "compute": self.sim.compute, "faults": [action_record(action) for action in self.faults]}
+        if self.sim.stand_in is not None:
+            sim["stand_in"] = self.sim.stand_in
+        return sim
 
     def write(self) -> None:
         """The job folder and what the job's processes read: config.json (not for a user's

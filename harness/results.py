@@ -42,7 +42,8 @@ SUMMARY_COLUMNS = [
     "workers", "servers", "server_bytes_sent_per_node",
     "server_wire_bytes_per_node", "transport", "tuned", "sweep_best", "compute_s_per_step",
     "compute_comm_ratio", "time_dilation", "backend", "workload", "data_source", "wall_s",
-    "congestion_control",
+    "congestion_control", "compute_utilisation", "mean_bandwidth_per_node_bit_s",
+    "peak_bandwidth_per_node_bit_s", "stand_in_parameters", "wire_scale",
 ]
 
 # The columns people read first: the terminal table and the report's markdown table (every column
@@ -102,6 +103,18 @@ METRICS = {
     "syncs_before_target": "synchronisations applied by the step of the first evaluation at or over the "
                            "target (the most any rank applied); 0 marks a speedup as independent training: "
                            "replicas trained apart, averaged only by the evaluator (CSV).",
+    "compute_utilisation": "the workers' compute time over their steps' wall time (each step's time less "
+                           "its blocked communication, summed, over the steps' time summed; on sim both "
+                           "are virtual seconds): 1 = communication never held compute up (CSV).",
+    "mean_bandwidth_per_node_bit_s": "bits each worker's communication layer sent over its steps' wall time, "
+                                     "averaged over the workers (CSV).",
+    "peak_bandwidth_per_node_bit_s": "each worker's highest bits sent in one step over that step's time (the "
+                                     "window is one step, not a fixed interval), averaged over the workers (CSV).",
+    "stand_in_parameters": "the parameters of the model the job stands for (stand_in:, backend sim): "
+                           "bytes, bandwidths and compute above are the stand-in's (CSV).",
+    "wire_scale": "what every real message was charged times on the simulated network (the stand-in's "
+                  "bytes over the real model's fp32 bytes; bytes_sent_per_node / wire_scale is what the real "
+                  "model sent; CSV).",
     "data_source": "what the job trained on, from its ranks' data records: a dataset's files, or the "
                    "generator and its seed (a cifar10 job that fell back to generated images says so; CSV).",
 }
@@ -327,7 +340,8 @@ def _load_job(job_dir: JobDir, run_backend: Optional[str]) -> _JobRows:
            "server_ranks": list((info.get("params") or {}).get("server_ranks") or []),
            "base_label": info.get("base_label") or base["label"], "tuned": info.get("tuned") or {},
            "phase": info.get("phase") or "",
-           "backend": info.get("backend") or run_backend, "congestion_control": congestion_control(info)}
+           "backend": info.get("backend") or run_backend, "congestion_control": congestion_control(info),
+           "stand_in": info.get("stand_in")}
     steps, evals = [], []
     clock = _JobClock(records={})
     for _, records in job_dir.rank_records:
@@ -628,6 +642,7 @@ def _job_row(job: dict, ev: pd.DataFrame, st: pd.DataFrame, frames: RunFrames,
         if len(blocked) and has_values(workers, "step_s"):
             median_blocked = float(blocked.median())
             row["comm_blocked_fraction"] = float(blocked.sum() / workers.loc[blocked.index, "step_s"].sum())
+        row.update(utilisation_and_bandwidth(workers))
         if "staleness" in workers and workers["staleness"].notna().any():
             row["mean_staleness"] = float(workers["staleness"].dropna().mean())
         row.update(sync_evidence(st, ev, target))
@@ -635,6 +650,10 @@ def _job_row(job: dict, ev: pd.DataFrame, st: pd.DataFrame, frames: RunFrames,
     row["wire_bytes_per_node"] = _mean(sent for rank, sent in wire.items() if rank not in servers)
     if servers:
         row["server_wire_bytes_per_node"] = _mean(sent for rank, sent in wire.items() if rank in servers)
+    stand_in = job.get("stand_in")
+    if isinstance(stand_in, dict):
+        row["stand_in_parameters"] = stand_in.get("parameters")
+        row["wire_scale"] = stand_in.get("wire_scale")
     transport = job.get("transport")
     if isinstance(transport, str):
         row["transport"] = transport
@@ -649,6 +668,26 @@ def _job_row(job: dict, ev: pd.DataFrame, st: pd.DataFrame, frames: RunFrames,
         row["wire_overhead"] = row["wire_bytes_per_node"] / row["bytes_sent_per_node"] - 1.0
     row["time_dilation"] = frames.time_dilation
     return row, median_blocked
+
+
+def utilisation_and_bandwidth(workers: pd.DataFrame) -> dict:
+    """compute_utilisation, mean_bandwidth_per_node_bit_s and peak_bandwidth_per_node_bit_s of
+    one job from its workers' step records (METRICS says how each is defined); a metric whose
+    fields are not recorded is left out."""
+    metrics: dict = {}
+    if not has_values(workers, "step_s"):
+        return metrics
+    timed = workers[workers["step_s"].notna() & (workers["step_s"] > 0)]
+    if has_values(timed, "compute_s"):
+        measured = timed[timed["compute_s"].notna()]
+        metrics["compute_utilisation"] = float(measured["compute_s"].sum() / measured["step_s"].sum())
+    if has_values(timed, "bytes_sent"):
+        by_rank = timed.groupby("rank")
+        mean = by_rank["bytes_sent"].sum() * 8 / by_rank["step_s"].sum()
+        peak = (timed["bytes_sent"] * 8 / timed["step_s"]).groupby(timed["rank"]).max()
+        metrics["mean_bandwidth_per_node_bit_s"] = float(mean.mean())
+        metrics["peak_bandwidth_per_node_bit_s"] = float(peak.mean())
+    return metrics
 
 
 def sync_evidence(steps: pd.DataFrame, evals: pd.DataFrame, target: Optional[float]) -> dict:

@@ -54,7 +54,8 @@ from .jobspec import JobSpec, dilated, job_spec
 from .paths import RUNS_ROOT
 from .results import RunFrames, load_run, summarize, write_summary
 from .rundir import SCENARIO_FILE, RunDir
-from .scenario import AUTO_TIME_DILATION, SIM_BACKEND, Job, NetworkPoint, Scenario, check_sim, load_scenario
+from .scenario import (AUTO_TIME_DILATION, SIM_BACKEND, Job, NetworkPoint, Scenario, check_sim, check_stand_in,
+                       load_scenario)
 from .tuning import TUNING_FILE, Tuning
 from .sim_job import SimRun, sim_run
 
@@ -110,6 +111,10 @@ def prepare_sim(scenario: Scenario, console, measure=measure_step_s) -> tuple[Sc
     for compute in sim.compute.values():
         console.print(f"sim compute: {compute['forward_backward_s'] * 1e3:.3g} ms per forward + backward "
                       f"+ {compute['step_overhead_s'] * 1e3:g} ms per step ({compute['source']})")
+    for stand_in in sim.stand_in.values():
+        console.print(f"sim stand-in: {stand_in['parameters']:.3g} parameters x {stand_in['bytes_per_parameter']:g} "
+                      f"bytes; every message charged x {stand_in['wire_scale']:.4g} its real bytes "
+                      f"(the real model: {stand_in['real_parameters']:,} parameters)")
     return scenario, sim
 
 
@@ -129,6 +134,7 @@ def run_scenario(scenario: Scenario, backend_name: str, runs_root: Path = RUNS_R
         scenario, sim = prepare_sim(scenario, console, measure)
     else:
         backend_cls, reason = choose_backend(backend_name)
+        check_stand_in(scenario.spec, scenario.source_file, backend_cls.name)  # refused off sim
         if reason:
             console.print(f"backend {reason}")
         scenario = resolve_time_dilation(scenario, console, measure)
@@ -205,7 +211,12 @@ def _saved_sim(scenario: Scenario, saved: dict) -> SimRun:
     if len(compute) != len(keys):
         raise ConfigError("sim.compute", f"holds {len(compute)} workloads, the scenario has {len(keys)}",
                           source=SCENARIO_FILE)
+    stand_in = saved.get("stand_in") or []
+    if len(stand_in) not in (0, len(keys)):
+        raise ConfigError("sim.stand_in", f"holds {len(stand_in)} workloads, the scenario has {len(keys)}",
+                          source=SCENARIO_FILE)
     return SimRun(dict(zip(keys, compute)), saved.get("nic_rate_bit_s"),
+                  stand_in=dict(zip(keys, stand_in)),
                   time_dilation_ignored=saved.get("time_dilation_ignored"),
                   start_offsets=saved.get("start_offsets_s") or {},
                   topology_nic_rate_bit_s=saved.get("topology_nic_rate_bit_s"))

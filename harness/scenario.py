@@ -276,6 +276,46 @@ class SimSettings(BaseModel):
         return None if self.nic is None else parse_rate_bit_s(self.nic)
 
 
+# stand_in.parameters: at most 10 trillion (a typo guard, not a physical limit)
+MAX_STAND_IN_PARAMETERS = 1e13
+# stand_in.bytes_per_parameter: fp32's 4 unless given (int8: 1, bf16: 2, fp64: 8)
+FP32_BYTES = 4
+
+
+class StandIn(BaseModel):
+    """The model a job stands for (backend sim only): the ranks train the scenario's small model,
+    and every message and collective is charged on the simulated network at the stand-in's size
+    (its parameters x bytes_per_parameter over the real model's fp32 bytes, times the real
+    message's bytes: a compressed payload scales the same way), every step's compute at the
+    stand-in's step time.
+
+    parameters: the stand-in's parameter count (e.g. 10e9).
+    bytes_per_parameter: bytes of one parameter of a full-precision message of the stand-in (4:
+        fp32, 2: bf16); what an algorithm's compression does to the real model's messages it does
+        to the stand-in's.
+    step_s: virtual seconds of one training step of the stand-in (forward + backward + optimizer)
+        on the accelerator it runs on; or
+    compute_profile: a compute profile (profiles/NAME.yaml or a file) whose step_s that is.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    parameters: float = Field(gt=0, le=MAX_STAND_IN_PARAMETERS)
+    bytes_per_parameter: float = Field(FP32_BYTES, gt=0, le=16)
+    step_s: Optional[float] = Field(None, gt=0, le=3600)
+    compute_profile: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _one_step_time(self):
+        if (self.step_s is None) == (self.compute_profile is None):
+            raise ValueError("give the stand-in's step time as step_s: SECONDS or compute_profile: NAME (one of them)")
+        return self
+
+    @property
+    def bytes(self) -> float:
+        """The stand-in's full-precision model in bytes (parameters x bytes_per_parameter)."""
+        return self.parameters * self.bytes_per_parameter
+
+
 class ScenarioFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -324,6 +364,8 @@ class ScenarioFile(BaseModel):
     compute_profile: Optional[str] = None
     # backend sim only: the compute model and the NICs of the simulated network
     sim: SimSettings = SimSettings()
+    # backend sim only: the model every job stands for (its bytes on the wire, its step time)
+    stand_in: Optional[StandIn] = None
 
     @field_validator("node_sysctls", mode="before")
     @classmethod
@@ -340,6 +382,8 @@ class ScenarioFile(BaseModel):
             data.pop("tuning", None)
         if data.get("nic") is None:  # likewise a scenario that names no NIC
             data.pop("nic", None)
+        if data.get("stand_in") is None:  # likewise a scenario without a stand-in model
+            data.pop("stand_in", None)
         return data
 
     @field_validator("time_dilation", mode="before")
@@ -828,6 +872,36 @@ def check_sim(spec: ScenarioFile, source: str) -> None:
                           "own: give algorithms, or run on tun", source=source)
 
 
+def check_stand_in(spec: ScenarioFile, source: str, backend: Optional[str] = None) -> Optional[float]:
+    """`stand_in:` against the rest of the scenario (ConfigError naming the file and field): only
+    on backend sim (`backend`: the one the run uses; None: the scenario's own, where "auto" may
+    still become sim), where it replaces sim.compute_s, sim.overhead_s and compute_profile (each
+    would set the step's compute a second time); its compute profile must exist. Returns the
+    stand-in's step time (s), or None without a stand-in."""
+    stand_in = spec.stand_in
+    if stand_in is None:
+        return None
+    backend = backend or spec.backend
+    if backend not in ("auto", SIM_BACKEND):
+        raise ConfigError("stand_in", f"runs only on backend sim (this run: {backend}): on an emulated network "
+                          "the bytes moved are the real model's; run with --backend sim", source=source)
+    for field in ("compute_s", "overhead_s"):
+        if field in spec.sim.model_fields_set:
+            raise ConfigError(f"sim.{field}", "stand_in sets each step's compute on sim (stand_in.step_s or "
+                              "stand_in.compute_profile): give it there, not both", source=source)
+    if spec.compute_profile is not None:
+        raise ConfigError("compute_profile", "stand_in sets each step's compute on sim: give the profile as "
+                          "stand_in.compute_profile, not both", source=source)
+    if stand_in.step_s is not None:
+        return stand_in.step_s
+    try:
+        return load_profile(stand_in.compute_profile, source).step_s
+    except ConfigError as exc:
+        if exc.field != "compute_profile":
+            raise
+        raise ConfigError("stand_in.compute_profile", exc.message, source=source) from None
+
+
 def scenario_from_dict(data: dict, source: str) -> Scenario:
     """Validate a parsed scenario document and expand it into jobs; ConfigError on any mistake."""
     try:
@@ -846,6 +920,7 @@ def scenario_from_dict(data: dict, source: str) -> Scenario:
     mounts = list(dict.fromkeys([scenario_folder(source), *mounts]))
     if spec.backend == SIM_BACKEND:
         check_sim(spec, source)
+    check_stand_in(spec, source)
     if spec.time_dilation == AUTO_TIME_DILATION:
         _check_auto_dilation(spec, source)
     profile = load_profile(spec.compute_profile, source) if spec.compute_profile else None

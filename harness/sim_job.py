@@ -7,7 +7,9 @@ before starting it:
     JOB_DIR/config.json   the trainer config, as for a job on tun (output_dir: JOB_DIR)
     JOB_DIR/sim.json      {plan: the point's plan.json, seed, nic_rate_bit_s, compute: {forward_backward_s,
                           step_overhead_s, source[, start_offsets_s: per rank]},
-                          faults: the job's fault actions (harness.faults.action_record)}
+                          faults: the job's fault actions (harness.faults.action_record)[,
+                          stand_in: the model the job stands for (stand_in_record): its wire_scale
+                          charges every message at the stand-in's bytes]}
 and the ranks write what they write on tun (rank<N>.jsonl, snapshots/, config.resolved.json),
 with every time in virtual seconds. Fault actions (link changes, stragglers, crashes and
 restarts) are applied at their virtual times through `SimFaults`, the simulator's executor
@@ -37,7 +39,7 @@ from .auto_dilation import StepMeasurement, measure_step_s, rank_threads, step_t
 from .faults import FaultAction, action_from_record, run_action, simulated_compute_effect
 from .jobs import crash_tolerated
 from .jobspec import SIM_FILE, SimSettings
-from .scenario import AUTO_SIM_COMPUTE, Job, Scenario
+from .scenario import AUTO_SIM_COMPUTE, FP32_BYTES, SIM_BACKEND, Job, Scenario, StandIn, check_stand_in
 
 
 # --- harness side: decided once per run, before any job ---------------------------------------
@@ -54,6 +56,8 @@ class SimRun:
         time_dilation_ignored: the scenario's time_dilation, not applied on sim (None when 1).
         start_offsets: algorithm label -> node name -> start offset (s), from sim.start_offsets_s;
             a label not in it: no start-up term.
+        stand_in: step_time_key(trainer config) -> the stand-in model of its jobs (`stand_in_record`);
+            empty: no stand-in.
     """
 
     compute: dict
@@ -63,6 +67,7 @@ class SimRun:
     # region -> NIC rate (bit/s each way) from the topology: what the plan gives each node when
     # sim.nic does not replace it (recorded only then)
     topology_nic_rate_bit_s: Optional[dict] = None
+    stand_in: dict = dataclasses.field(default_factory=dict)
 
     def job_compute(self, job: Job, plan: Optional[Plan] = None) -> dict:
         """The compute model of `job`'s workload, with the job's start offsets per rank where the
@@ -78,7 +83,8 @@ class SimRun:
 
     def job_settings(self, job: Job, plan_path: Path, plan: Plan) -> SimSettings:
         """What `job`'s spec carries for sim.json besides its faults: the plan, the NIC, the compute."""
-        return SimSettings(plan_path, self.nic_rate_bit_s, self.job_compute(job, plan))
+        return SimSettings(plan_path, self.nic_rate_bit_s, self.job_compute(job, plan),
+                           self.stand_in.get(step_time_key(job.trainer_config)))
 
     def record(self) -> dict:
         """scenario.json's `sim`."""
@@ -88,6 +94,8 @@ class SimRun:
             record["start_offsets_s"] = self.start_offsets
         if self.nic_rate_bit_s is None and self.topology_nic_rate_bit_s:
             record["topology_nic_rate_bit_s"] = self.topology_nic_rate_bit_s
+        if self.stand_in:
+            record["stand_in"] = list(self.stand_in.values())
         return record
 
 
@@ -96,11 +104,18 @@ def sim_run(scenario: Scenario, measure: Callable[..., StepMeasurement] = measur
     its forward + backward measured here once, for one rank alone with the threads a rank of the
     job would get: no contention scaling, the simulator runs ranks one after another) and the NIC."""
     settings = scenario.spec.sim
-    compute = {}
+    stand_in_step_s = check_stand_in(scenario.spec, scenario.source_file, SIM_BACKEND)
+    compute, stand_ins = {}, {}
     ranks = max(sum(scenario.topology_for(point).regions.values()) for point in scenario.network_points())
     for job in scenario.jobs:
         key = step_time_key(job.trainer_config)
         if key in compute:
+            continue
+        if stand_in_step_s is not None:
+            stand_in = stand_in_record(scenario.spec.stand_in, stand_in_step_s, real_parameters(job.trainer))
+            stand_ins[key] = stand_in
+            compute[key] = {"forward_backward_s": stand_in_step_s, "step_overhead_s": 0.0,
+                            "source": f"{scenario.source_file}: stand_in ({stand_in['step_source']})"}
             continue
         if settings.compute_s == AUTO_SIM_COMPUTE:
             m = measure(job.trainer, rank_threads(ranks))
@@ -118,8 +133,33 @@ def sim_run(scenario: Scenario, measure: Callable[..., StepMeasurement] = measur
         if given is not None:
             offsets[label] = given
     regions = scenario.topology.regions
-    return SimRun(compute, settings.nic_rate_bit_s, start_offsets=offsets,
+    return SimRun(compute, settings.nic_rate_bit_s, start_offsets=offsets, stand_in=stand_ins,
                   topology_nic_rate_bit_s={r: scenario.topology.region_nic_bit_s(r) for r in regions})
+
+
+def real_parameters(config) -> int:
+    """How many parameters the trainer `config`'s model has (a job's `Job.trainer`), built here
+    once as a rank builds it."""
+    from trainers.datasets import load_dataset
+    from trainers.models import build_model
+
+    data = load_dataset(config.dataset, config.seed)
+    model = build_model(config.model.name, config.model.params, data.input_shape, data.num_classes, config.seed)
+    return sum(p.numel() for p in model.parameters())
+
+
+def stand_in_record(stand_in: StandIn, step_s: float, real: int) -> dict:
+    """What sim.json, scenario.json and job.json say of a stand-in model for a workload of `real`
+    parameters: the stand-in as given, its step time and where it came from, and the wire scale
+    (the stand-in's bytes over the real model's fp32 bytes: what every real message is charged
+    times)."""
+    if real <= 0:
+        raise ValueError("stand_in: the workload's model has no parameters to scale")
+    return {"parameters": stand_in.parameters, "bytes_per_parameter": stand_in.bytes_per_parameter,
+            "step_s": step_s,
+            "step_source": "step_s" if stand_in.step_s is not None else f"compute_profile {stand_in.compute_profile}",
+            "real_parameters": int(real), "real_bytes": int(real) * FP32_BYTES,
+            "wire_scale": stand_in.bytes / (int(real) * FP32_BYTES)}
 
 
 # --- the job's process -------------------------------------------------------------------------
@@ -194,6 +234,7 @@ class SimJobInput:
     nic_rate_bit_s: Optional[float]
     compute: dict
     faults: tuple[FaultAction, ...]
+    stand_in: Optional[dict] = None
 
     @classmethod
     def read(cls, job_dir: Path) -> "SimJobInput":
@@ -202,7 +243,7 @@ class SimJobInput:
         sim = json.loads((job_dir / SIM_FILE).read_text())
         return cls(load_config(job_dir / "config.json"), Plan.from_json(Path(sim["plan"]).read_text()),
                    sim["seed"], sim.get("nic_rate_bit_s"), sim["compute"],
-                   tuple(action_from_record(record) for record in sim.get("faults") or []))
+                   tuple(action_from_record(record) for record in sim.get("faults") or []), sim.get("stand_in"))
 
 
 def main(argv: Optional[list[str]] = None, engine: Optional[SimpleNamespace] = None) -> int:
@@ -217,7 +258,9 @@ def main(argv: Optional[list[str]] = None, engine: Optional[SimpleNamespace] = N
     network = engine.FluidNetwork.from_plan(plan, nic_rate_bit_s=given.nic_rate_bit_s, seed=given.seed)
     compute = engine.ComputeModel(**given.compute)
     actions = fault_actions(list(given.faults), plan, job_dir / "faults.jsonl", engine.wall_time)
-    run = engine.run_simulated(given.config, len(plan.nodes), network, compute, actions)
+    # a stand-in's scale only where there is one: a job without is run as it was before stand_in
+    stand_in = {"wire_scale": given.stand_in["wire_scale"]} if given.stand_in else {}
+    run = engine.run_simulated(given.config, len(plan.nodes), network, compute, actions, **stand_in)
     ended = [r for r in run if r is not None]  # a rank killed and not restarted has none
     stops = sorted({r.stop_reason for r in ended})
     print(f"sim: {len(run)} ranks, rank 0 took {run[0].steps if run and run[0] else 0} steps "

@@ -232,7 +232,7 @@ FAKE_ENGINE = textwrap.dedent('''
         def set_link(self, src, dst, spec):
             self.calls.append([src, dst, None if spec is None else dataclasses.asdict(spec)])
 
-    def run_simulated(config, world_size, network, compute, actions=()):
+    def run_simulated(config, world_size, network, compute, actions=(), wire_scale=1.0):
         out = Path(config.output_dir)
         step_s = compute.forward_backward_s + compute.step_overhead_s + 0.05
         sim = SimpleNamespace(network=network, compute_factor={})
@@ -251,14 +251,14 @@ FAKE_ENGINE = textwrap.dedent('''
                             pending.pop(0)[1](sim)
                             factors.append(dict(sim.compute_factor))
                     write("step", t, step=step, loss=2.0 / (step + 1), step_s=step_s,
-                          compute_s=compute.forward_backward_s, comm_blocked_s=0.05, bytes_sent=1000)
+                          compute_s=compute.forward_backward_s, comm_blocked_s=0.05, bytes_sent=1000 * wire_scale)
                     if rank == 0 and (step + 1) % config.eval_every == 0:
                         write("eval", t, step=step, accuracy=0.5 + 0.05 * step)
                 write("status", config.steps * step_s, state="done")
         (out / "fake.json").write_text(json.dumps({
             "world_size": world_size, "compute": dataclasses.asdict(compute), "nic": network.nic,
             "seed": network.seed, "action_times": [a[0] for a in actions], "set_link": network.calls,
-            "factors": factors}))
+            "factors": factors, **({"wire_scale": wire_scale} if wire_scale != 1.0 else {})}))
         return SimulatedRun([SimpleNamespace(steps=config.steps, stop_reason="steps") for _ in range(world_size)],
                             crashed_at={}, restarts={})
 
@@ -507,3 +507,103 @@ def test_a_crash_on_the_real_engine_fails_sync_and_swarmsgd_takes_the_node_back(
     assert list(rows["time_s"])[0] == 2.0 and list(rows["time_s"])[2] == 3.0
     markdown = write_report([completed.run_dir], tmp_path / "report").markdown.read_text()
     assert "## Faults" in markdown and "rank 2 lost" in markdown and "rank 2 rejoined" in markdown
+
+
+# --- stand_in: the model a job stands for --------------------------------------------------------
+
+STAND_IN = SCENARIO.replace("sim: {compute_s: 0.002, overhead_s: 0.0005, nic: 1Gbit}",
+                            "sim: {nic: 1Gbit}\nstand_in: {parameters: 1e9, step_s: 0.5}")
+
+
+def test_a_stand_in_reaches_the_simulator_and_the_summary_says_what_was_charged(fake_engine, write_yaml, tmp_path):
+    """sim.json carries the wire scale (the stand-in's fp32 bytes over the real model's), the
+    compute model is the stand-in's step, job.json and scenario.json say both sizes, and the
+    summary (and so the CSV and Parquet export) has utilisation, bandwidths and the scale."""
+    from harness.export import export_parquet
+    from harness.sim_job import real_parameters
+
+    scenario = load_scenario(write_yaml(STAND_IN, "standin.yaml"))
+    completed = run_module.run_scenario(scenario, "sim", tmp_path / "runs", console=_quiet())
+    real = real_parameters(scenario.jobs[0].trainer)
+    scale = 1e9 * 4 / (real * 4)
+    job_dir = completed.run_dir / "jobs" / "delay1-sync-seed0"
+    given = json.loads((job_dir / "fake.json").read_text())
+    assert given["wire_scale"] == pytest.approx(scale)
+    assert given["compute"]["forward_backward_s"] == 0.5 and given["compute"]["step_overhead_s"] == 0.0
+    stand_in = json.loads((job_dir / "job.json").read_text())["stand_in"]
+    assert (stand_in["parameters"], stand_in["real_parameters"], stand_in["real_bytes"]) == (1e9, real, 4 * real)
+    saved = json.loads((completed.run_dir / "scenario.json").read_text())
+    assert saved["spec"]["stand_in"]["parameters"] == 1e9 and saved["sim"]["stand_in"] == [stand_in]
+
+    summary = pd.read_csv(completed.run_dir / "summary.csv")
+    step_s = 0.5 + 0.05  # the fake engine's step: the compute model's plus 50 ms blocked
+    assert summary["compute_utilisation"].tolist() == pytest.approx([0.5 / step_s] * 2)
+    assert summary["wire_scale"].tolist() == pytest.approx([scale] * 2)
+    assert summary["stand_in_parameters"].tolist() == [1e9, 1e9]
+    # the fake's bytes: 1,000 real bytes per step, charged at the scale
+    assert summary["bytes_sent_per_node"].tolist() == pytest.approx([6 * 1000 * scale] * 2)
+    assert summary["mean_bandwidth_per_node_bit_s"].tolist() == pytest.approx([1000 * scale * 8 / step_s] * 2)
+    export_parquet(completed.frames, tmp_path / "parquet")
+    table = pd.read_parquet(tmp_path / "parquet" / "summary.parquet")
+    for column in ("compute_utilisation", "mean_bandwidth_per_node_bit_s", "peak_bandwidth_per_node_bit_s",
+                   "stand_in_parameters", "wire_scale"):
+        assert table[column].notna().all(), column
+
+
+@pytest.mark.parametrize("stand_in, field, message", [
+    ("{parameters: 1e9}", "stand_in", "step_s: SECONDS or compute_profile: NAME"),
+    ("{parameters: 1e9, step_s: 1, compute_profile: v100-resnet50-fp32-b64}", "stand_in", "one of them"),
+    ("{parameters: -5, step_s: 1}", "stand_in.parameters", "greater than 0"),
+    ("{parameters: 1e15, step_s: 1}", "stand_in.parameters", "less than or equal to"),
+    ("{parameters: 1e9, step_s: 0}", "stand_in.step_s", "greater than 0"),
+    ("{parameters: 1e9, step_s: 1, bytes_per_parameter: 0}", "stand_in.bytes_per_parameter", "greater than 0"),
+    ("{parameters: 1e9, step_s: 1, params: 3}", "stand_in.params", "unknown field"),
+    ("{parameters: 1e9, compute_profile: h900-dreams}", "stand_in.compute_profile", "no such file or profile"),
+])
+def test_bad_stand_in_settings_name_the_file_and_field_in_one_line(write_yaml, stand_in, field, message):
+    path = write_yaml(STAND_IN.replace("{parameters: 1e9, step_s: 0.5}", stand_in), "bad.yaml")
+    with pytest.raises(ConfigError) as caught:
+        load_scenario(path)
+    assert caught.value.source == path and caught.value.field == field
+    assert message in caught.value.message and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("change, field", [
+    (("backend: sim", "backend: tun"), "stand_in"),
+    (("sim: {nic: 1Gbit}", "sim: {nic: 1Gbit, compute_s: 0.1}"), "sim.compute_s"),
+    (("sim: {nic: 1Gbit}", "sim: {nic: 1Gbit, overhead_s: 0.1}"), "sim.overhead_s"),
+    (("sim: {nic: 1Gbit}", "sim: {nic: 1Gbit}\ncompute_profile: v100-resnet50-fp32-b64"), "compute_profile"),
+])
+def test_a_stand_in_is_refused_off_sim_and_beside_another_compute_setting(write_yaml, change, field):
+    path = write_yaml(STAND_IN.replace(*change), "clash.yaml")
+    with pytest.raises(ConfigError) as caught:
+        load_scenario(path)
+    assert caught.value.field == field and "\n" not in str(caught.value)
+
+
+def test_a_stand_in_scenario_of_backend_auto_is_refused_when_the_run_picks_an_emulator(write_yaml):
+    from harness.scenario import check_stand_in
+
+    scenario = load_scenario(write_yaml(STAND_IN.replace("backend: sim", "backend: auto"), "auto.yaml"))
+    with pytest.raises(ConfigError, match="runs only on backend sim .this run: tun."):
+        check_stand_in(scenario.spec, scenario.source_file, "tun")
+    assert check_stand_in(scenario.spec, scenario.source_file, "sim") == 0.5
+
+
+def test_a_stand_in_s_compute_profile_gives_its_step_time(write_yaml):
+    scenario = load_scenario(write_yaml(STAND_IN.replace("step_s: 0.5", "compute_profile: v100-resnet50-fp32-b64"),
+                                        "profile.yaml"))
+    sim = sim_run(scenario)
+    assert {c["forward_backward_s"] for c in sim.compute.values()} == {0.180}
+    assert {s["step_source"] for s in sim.stand_in.values()} == {"compute_profile v100-resnet50-fp32-b64"}
+
+
+def test_a_resumed_stand_in_run_charges_what_the_saved_run_did(write_yaml):
+    """--resume takes the compute model and the stand-in from scenario.json, not measured again."""
+    scenario = load_scenario(write_yaml(STAND_IN, "resume.yaml"))
+    made = sim_run(scenario)
+    saved = json.loads(json.dumps(made.record()))  # as scenario.json holds it
+    restored = run_module._saved_sim(scenario, saved)
+    assert restored.stand_in == made.stand_in and restored.compute == made.compute
+    with pytest.raises(ConfigError, match="sim.stand_in: holds 2 workloads, the scenario has 1"):
+        run_module._saved_sim(scenario, {**saved, "stand_in": saved["stand_in"] * 2})

@@ -631,3 +631,62 @@ def test_quantized_on_the_direct_exchange_decodes_the_same_as_on_gloos_all_gathe
     gloo, direct = steps("gloo", "gloo"), steps("direct", "direct")
     assert [r["loss"] for r in gloo] == [r["loss"] for r in direct]
     assert direct[-1]["time_s"] < 0.5 * gloo[-1]["time_s"]
+
+
+@pytest.mark.parametrize("wire_scale", [1.0, 1000.0])
+def test_a_stand_in_s_all_reduce_is_charged_at_its_bytes_by_the_collective_model(tmp_path, wire_scale):
+    """A stand-in model (wire_scale = its bytes over the real model's): sync's step on a link of
+    known rate is compute + a round trip + the stand-in's bytes over the rate, the comm's byte
+    counters report the stand-in's bytes."""
+    name = f"sync-x{wire_scale:g}"
+    cfg = config(tmp_path, name, steps=8)
+    rate = 125e6
+    run_simulated(cfg, 2, network(2, 0.05, rate), ComputeModel(0.010, 0.002), wire_scale=wire_scale)
+    steps = records(tmp_path / name, 0, "step")
+    nbytes = 4 * sum(p.numel() for p in torch.nn.Linear(64, 32).parameters()) + 4 * (32 * 10 + 10)
+    per_step = (steps[-1]["time_s"] - steps[1]["time_s"]) / (len(steps) - 2)
+    assert per_step == pytest.approx(0.010 + 2 * 0.05 + wire_scale * nbytes / rate + 0.002, rel=1e-3)
+    # the direct exchange of 2 ranks: one copy of the model each way per step, at the stand-in's size
+    assert statistics.median(r["bytes_sent"] for r in steps) == pytest.approx(wire_scale * nbytes, rel=1e-6)
+
+
+def test_the_same_job_trains_the_same_bits_whatever_it_stands_in_for(tmp_path):
+    losses = {}
+    for scale in (1.0, 50.0):
+        name = f"x{scale:g}"
+        run_simulated(config(tmp_path, name, steps=6), 2, network(2), ComputeModel(0.01), wire_scale=scale)
+        losses[scale] = [r["loss"] for r in records(tmp_path / name, 0, "step")]
+    assert losses[1.0] == losses[50.0]
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
+def test_a_wire_scale_must_be_a_finite_positive_number(bad):
+    with pytest.raises(ValueError, match="wire_scale"):
+        Simulator(2, network(2), ComputeModel(0.0), wire_scale=bad)
+
+
+def test_auto_picks_the_ring_for_a_stand_in_s_tensor_and_charges_its_bytes_by_the_collective_model():
+    """A 4 kB tensor standing for 400 MB: auto takes the ring (as it would for 400 MB, not the
+    direct exchange 4 kB gets), which ends when the ring model says for 400 MB, and the byte
+    counters count the ring's 2(n-1)/n of 400 MB."""
+    from trainers.sim import collectives
+
+    n, scale, tensor_bytes = 4, 1e5, 4000
+    net = network(n, 0.05, 125e6)
+
+    def body(sim, comm, log):
+        tensor = torch.full((tensor_bytes // 4,), float(comm.rank))
+        work = comm.allreduce_async(tensor, "sum")
+        work.wait()
+        log.append((comm.rank, sim.now, tensor[0].item(), comm.stats.bytes_sent))
+
+    sim = Simulator(n, net, ComputeModel(0.0), wire_scale=scale)
+    log = []
+    sim.run([lambda r=r: body(sim, SimComm(sim, r, "auto"), log) for r in range(n)])
+    expected = collectives.ring_allreduce(np.zeros(n), net, scale * tensor_bytes)
+    direct = collectives.direct(np.zeros(n), net, scale * tensor_bytes)
+    assert not np.allclose(expected, direct)  # the two models differ here: the check can tell them apart
+    for rank, done, value, sent in log:
+        assert done == pytest.approx(expected[rank], rel=1e-9)
+        assert value == sum(range(n))  # the real tensor, reduced exactly
+        assert sent == pytest.approx(2 * (n - 1) / n * scale * tensor_bytes, rel=1e-6)

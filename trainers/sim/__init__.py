@@ -20,6 +20,10 @@ the crash named.
 Deterministic: the same config, network, compute model and faults give the same records, bit for
 bit (``time_unix`` apart: it is the wall time the run started plus virtual time).
 
+A stand-in model (``wire_scale``, the harness's ``stand_in:``): the ranks train the real, small
+model, and every byte they move is charged on the network as ``wire_scale`` bytes (the big
+model's size over the small one's), with the compute model standing for the big model's step.
+
 Not simulated: torch DDP (its reducer talks to torch.distributed itself: ``ddp`` is refused),
 GPUs (ranks compute on the CPU; a compute model or profile stands for the accelerator).
 """
@@ -189,13 +193,15 @@ class SimulatedRun(Sequence):
 
 def run_simulated(config: Config, world_size: int, network, compute: ComputeModel,
                   actions: Sequence[tuple[float, Callable[[Simulator], None]]] = (),
-                  max_time_s: Optional[float] = None) -> SimulatedRun:
+                  max_time_s: Optional[float] = None, wire_scale: float = 1.0) -> SimulatedRun:
     """Run ``world_size`` ranks of ``config`` on ``network`` and ``compute``; returns each rank's
     ``RunResult`` with the ranks killed and restarted (:class:`SimulatedRun`).
     ``actions``: (virtual s, fn(simulator)) run at those times (faults: link changes through
     ``simulator.network.set_link``, stragglers through ``simulator.compute_factor``, crashes and
-    restarts through ``simulator.crash`` / ``simulator.restart``). Raises the first rank's error,
-    naming the ranks killed before it (every rank's records say how it ended)."""
+    restarts through ``simulator.crash`` / ``simulator.restart``). ``wire_scale``: every message
+    and collective charged at this many times its real bytes (a stand-in model,
+    ``Simulator.wire_bytes``). Raises the first rank's error, naming the ranks killed before it
+    (every rank's records say how it ended)."""
     from trainers.loading import cannot_take_back, uses_elastic_comm
     from trainers.runner import run
 
@@ -208,7 +214,7 @@ def run_simulated(config: Config, world_size: int, network, compute: ComputeMode
     if getattr(network, "size", world_size) != world_size:
         raise ValueError(f"the network has {network.size} nodes, the job {world_size} ranks")
     _raise_open_files_limit()
-    sim = Simulator(world_size, network, compute, max_time_s=max_time_s)
+    sim = Simulator(world_size, network, compute, max_time_s=max_time_s, wire_scale=wire_scale)
     sim_clock = SimClock(sim, time.time())
     results: list = [None] * world_size
     elastic = uses_elastic_comm(config)

@@ -11,6 +11,9 @@ order, so every rank gets the same bits). Background collectives (``allreduce_as
 while that many of this rank's are unfinished enters when the earliest-launched waiting one can
 start, i.e. when one of the running ones finishes (queueing in virtual time). The base class's
 accounting (bytes by the textbook model, blocked time) is unchanged, measured on the virtual clock.
+A stand-in model (``Simulator.wire_scale``): every message's flow, every collective's bytes and
+the byte counters are its real bytes x the scale (``Simulator.wire_bytes``); the tensors moved and
+the results are the real model's.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import numpy as np
 import torch
 
 from trainers.comm import COMBINE, MAX_IN_FLIGHT, STREAM_TAG, Comm, tensor_nbytes
+from trainers.comm.allreduce import DIRECT_MAX_BYTES
 
 from . import collectives
 from .engine import Completion, Simulator
@@ -163,7 +167,7 @@ class Exchange:
         if receive.tensor.numel() != message.data.numel():
             raise RuntimeError(f"rank {message.dst}: a receive of {receive.tensor.numel()} elements matched a "
                                f"message of {message.data.numel()} from rank {message.src}")
-        size = message.data.numel() * message.data.element_size()
+        size = self.sim.wire_bytes(message.data.numel() * message.data.element_size())
         at += float(self.sim.network.slow_start_s(message.src, message.dst, size, at)[0])
         self.sim.at(at, lambda: self._start_flow(message, size))
 
@@ -212,8 +216,9 @@ class Exchange:
         entered = np.array([collective.entered[r] for r in range(n)])
         op, key = collective.op, collective.key
         network = self.sim.network
+        wire = self.sim.wire_bytes  # a stand-in model's collectives move its bytes, not the real model's
         if op == "all_reduce":
-            algorithm, nbytes, reduce_op = key[0], key[1], key[2]
+            algorithm, nbytes, reduce_op = key[0], wire(key[1]), key[2]
             model = {"ring": collectives.ring_allreduce, "direct": collectives.direct,
                      "recursive_doubling": collectives.recursive_doubling}[algorithm]
             times = model(entered, network, nbytes)
@@ -224,11 +229,11 @@ class Exchange:
                 result.div_(n)
             results = [result] * n
         elif op == "broadcast":
-            src, nbytes = key[0], key[1]
+            src, nbytes = key[0], wire(key[1])
             times = collectives.broadcast(entered, network, nbytes, src)
             results = [collective.inputs[src]] * n
         elif op == "all_gather":
-            algorithm, nbytes = key[0], key[1]  # gloo's own all_gather: modelled as the ring
+            algorithm, nbytes = key[0], wire(key[1])  # gloo's own all_gather: modelled as the ring
             model = collectives.direct_allgather if algorithm == "direct" else collectives.ring_allgather
             times = model(entered, network, nbytes)
             results = [[collective.inputs[r] for r in range(n)]] * n
@@ -309,6 +314,21 @@ class SimComm(Comm):
     @property
     def transport(self) -> str:
         return f"sim:{self.allreduce_algorithm}"
+
+    def _allreduce_algorithm_for(self, tensor, op, algorithm):
+        """As the base class, but ``auto`` picks direct or ring by the bytes charged (a stand-in's
+        tensor, not the small model's: a 10B model's all-reduce is a ring, as it would be)."""
+        resolved = super()._allreduce_algorithm_for(tensor, op, algorithm)
+        requested = self.allreduce_algorithm if algorithm is None else algorithm
+        if requested != "auto" or self.sim.wire_scale == 1.0:
+            return resolved
+        charged = self.sim.wire_bytes(tensor_nbytes(tensor))
+        return "direct" if (self.world_size - 1) * charged <= DIRECT_MAX_BYTES else "ring"
+
+    def account(self, op: str, sent: int, recv: int, blocked_s: float, calls: int = 1) -> None:
+        """The base class's counters, in the bytes charged on the network (a stand-in model's:
+        :meth:`Simulator.wire_bytes`), so records, summaries and bandwidths say what was moved."""
+        super().account(op, round(self.sim.wire_bytes(sent)), round(self.sim.wire_bytes(recv)), blocked_s, calls)
 
     def _handle(self, done: Completion, result=None):
         return (lambda: (self.sim.wait(done), result)[1]), (lambda: self._poll(done))

@@ -202,7 +202,7 @@ class ElasticExchange:
                            Completion(what=f"send to rank {dst}"))
         stream.sent += 1
         stream.unsent[message.index] = message
-        size = tensor_nbytes(tensor)
+        size = self.sim.wire_bytes(tensor_nbytes(tensor))
         network, now = self.sim.network, self.sim.now
         starts = now + float(network.slow_start_s(proc.rank, dst, size, now)[0])
         self.sim.at(starts, lambda: self._start_flow(message, size))
@@ -500,6 +500,10 @@ class ElasticSimComm(StarCollectives):
     @property
     def transport(self) -> str:
         return "sim:tcp"
+
+    def account(self, op: str, sent: int, recv: int, blocked_s: float, calls: int = 1) -> None:
+        """The counters in the bytes charged on the network (``Simulator.wire_bytes``), as SimComm's."""
+        super().account(op, round(self.sim.wire_bytes(sent)), round(self.sim.wire_bytes(recv)), blocked_s, calls)
 
     # -- membership -------------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import threading
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -98,12 +99,18 @@ class Simulator:
         network: the fluid network (``start_flow``, ``advance``, ``next_completion``, ``set_link``).
         compute: the compute model.
         max_time_s: virtual time after which the run is ended (None: no limit).
+        wire_scale: every message and collective is charged this many times its real bytes (a
+            stand-in model: the stand-in's bytes over the real model's; :meth:`wire_bytes`).
     """
 
-    def __init__(self, world_size: int, network, compute: ComputeModel, max_time_s: Optional[float] = None):
+    def __init__(self, world_size: int, network, compute: ComputeModel, max_time_s: Optional[float] = None,
+                 wire_scale: float = 1.0):
+        if not (wire_scale > 0 and math.isfinite(wire_scale)):
+            raise ValueError(f"wire_scale must be a finite number > 0, got {wire_scale!r}")
         self.world_size = world_size
         self.network = network
         self.compute = compute
+        self.wire_scale = float(wire_scale)
         self.compute_factor: dict[int, float] = {}  # rank -> slowdown (stragglers)
         self.max_time_s = max_time_s
         self.now = 0.0
@@ -140,6 +147,12 @@ class Simulator:
         self._not_started: set[int] = set(range(world_size))
 
     # -- scheduling (engine side) ------------------------------------------------------------
+
+    def wire_bytes(self, nbytes: float) -> float:
+        """What ``nbytes`` of real tensor bytes are charged on the network: ``nbytes`` x
+        ``wire_scale``, the one place a stand-in's size enters the simulation (messages' flows,
+        collectives' models and the comms' byte counters all take it from here)."""
+        return nbytes * self.wire_scale
 
     def at(self, time_s: float, action: Callable[[], None]) -> None:
         """Run ``action`` at virtual time ``time_s`` (not before now)."""
