@@ -221,11 +221,12 @@ def cmd_verify(args) -> int:
 def cmd_run(args) -> int:
     from .results import summary_table
     from .paths import RUNS_ROOT
-    from .run import resume_run, run_scenario
+    from .run import refuse_cluster, resume_run, run_scenario
     from .scenario import AUTO_TIME_DILATION, load_scenario
 
-    if args.jobs < 1:
+    if args.jobs is not None and args.jobs < 1:
         raise ConfigError("", f"must be an integer >= 1, got {args.jobs}", source="--jobs")
+    jobs = args.jobs if args.jobs is not None or args.cluster is not None else 1  # None: the cluster's threads
     if args.resume is not None:
         for option in ("time_dilation", "output"):
             if getattr(args, option) is not None:
@@ -233,11 +234,13 @@ def cmd_run(args) -> int:
                                   source="--" + option.replace("_", "-"))
         from .rundir import RunDir
 
-        if RunDir(args.resume).environment.get("backend", "sim") != "sim" and read_state(prefix()) is not None:
+        resumed_backend = RunDir(args.resume).environment.get("backend", "sim")
+        refuse_cluster(resumed_backend, args.cluster)  # before anything privileged
+        if resumed_backend != "sim" and read_state(prefix()) is not None:
             raise SystemCheckError(f"a network is already up under prefix {prefix()!r}: 'wanbench clean' first "
                                    "(the killed run's network and ranks), or 'wanbench down' if it is yours")
         with teardown_on_signals():
-            completed = resume_run(args.resume, args.file, args.backend, jobs=args.jobs)
+            completed = resume_run(args.resume, args.file, args.backend, jobs=jobs, cluster=args.cluster)
         scenario_name = completed.run_dir.parent.name
     else:
         if args.file is None:
@@ -251,10 +254,12 @@ def cmd_run(args) -> int:
             except ValueError as exc:
                 raise ConfigError("", str(exc), source="--time-dilation") from None
         backend = args.backend or scenario.spec.backend
+        refuse_cluster(backend, args.cluster)  # before anything privileged
         if backend != "sim" and read_state(prefix()) is not None:
             raise SystemCheckError(f"a network is already up under prefix {prefix()!r}; 'wanbench down' first")
         with teardown_on_signals():
-            completed = run_scenario(scenario, backend, Path(args.output) if args.output else RUNS_ROOT, jobs=args.jobs)
+            completed = run_scenario(scenario, backend, Path(args.output) if args.output else RUNS_ROOT, jobs=jobs,
+                                     cluster=args.cluster)
         scenario_name = scenario.name
     run_dir = completed.run_dir
     out = stdout_console()
@@ -525,9 +530,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="RUN_DIR", help="finish an interrupted run (results/runs/<scenario>/<run-id>): "
                                                        "re-run only its jobs that are not ok, keep the rest, then "
                                                        "write the summary and report as an uninterrupted run would")
-    p.add_argument("--jobs", type=int, default=1, metavar="N",
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
                    help="run N sim jobs at once, each its own process (default 1; results as one at a time); "
-                        "emulated jobs run one at a time")
+                        "emulated jobs run one at a time. With --cluster: tasks in flight (default: the "
+                        "cluster's worker threads)")
+    p.add_argument("--cluster", metavar="ADDRESS", default=None,
+                   help="run each sim job as a task of the Dask cluster whose scheduler is at ADDRESS "
+                        "(tcp://HOST:8786; needs dask[distributed]; docs/SCALE_OUT.md); sim backend only")
     p.add_argument("--wide", action="store_true", help=WIDE_HELP)
     p.set_defaults(func=cmd_run)
 

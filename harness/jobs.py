@@ -469,14 +469,41 @@ def sim_job_argv(job_dir: Path) -> list[str]:
 def run_sim_job(spec: JobSpec, on_tick=None) -> JobOutcome:
     """Run one job on backend sim: every rank in one process on a virtual clock
     (`python -m harness.sim_job`, reading config.json and sim.json written here), then the
-    evaluator over its snapshots (after the simulation, never following it: a follower's stop
-    would land at a step that depends on wall-clock timing, and the run would not repeat).
+    evaluator over its snapshots (`simulate_job_dir`), then job.json.
 
     Watchdog: the whole job is bounded by `spec.timeout_s` wall-clock seconds. `on_tick(records,
     elapsed_s)` as for run_job (rank 0's last step, wall seconds).
     """
-    job, job_dir, timeout_s = spec.job, spec.job_dir, spec.timeout_s
     spec.write()
+    outcome: Optional[JobOutcome] = None
+    started = time.monotonic()
+    try:
+        outcome = simulate_job_dir(spec.job_dir, spec.job.job_id, spec.timeout_s, on_tick)
+    except BaseException:
+        outcome = JobOutcome(spec.job.job_id, "interrupted", time.monotonic() - started, "interrupted")
+        raise
+    finally:
+        if outcome is not None:  # job.json last (atomic): an `ok` job's folder is complete
+            write_sim_job_record(spec, outcome)
+    return outcome
+
+
+def write_sim_job_record(spec: JobSpec, outcome: JobOutcome, **extra) -> None:
+    """A sim job's job.json (write_job_record with what a sim job adds)."""
+    if spec.sim.stand_in is not None:
+        extra["stand_in"] = spec.sim.stand_in
+    write_job_record(spec, outcome, stop_decision=None, gpus=[], compute=spec.sim.compute, **extra)
+
+
+def simulate_job_dir(job_dir: Path, job_id: str, timeout_s: float, on_tick=None) -> JobOutcome:
+    """The processes of one sim job in `job_dir`, whose inputs (config.json, sim.json) are written:
+    the simulation (`sim_job_argv`, output in sim.log), then the evaluator over its snapshots
+    (after the simulation, never following it: a follower's stop would land at a step that
+    depends on wall-clock timing, and the run would not repeat). Its outcome; job.json is the
+    caller's. On an error or Ctrl-C both processes are ended and it re-raises.
+
+    Used by run_sim_job here and by a cluster's worker (harness/cluster.py) in a folder of its own.
+    """
     evaluator = Evaluator(job_dir, follow=False)
     outcome: Optional[JobOutcome] = None
     proc: Optional[subprocess.Popen] = None
@@ -490,7 +517,7 @@ def run_sim_job(spec: JobSpec, on_tick=None) -> JobOutcome:
             elapsed = time.monotonic() - started
             if elapsed > timeout_s:
                 stop_processes([proc])
-                outcome = JobOutcome(job.job_id, "timeout", elapsed, f"no end after {timeout_s:.0f} s (wall clock)")
+                outcome = JobOutcome(job_id, "timeout", elapsed, f"no end after {timeout_s:.0f} s (wall clock)")
                 break
             if on_tick:
                 on_tick(last_records(job_dir / "rank0.jsonl", kinds=("step",)), elapsed)
@@ -502,7 +529,7 @@ def run_sim_job(spec: JobSpec, on_tick=None) -> JobOutcome:
                 reason = last if last.startswith(CRASH_TOLERATED) else ""
             else:  # the error, which names an injected crash (trainers.sim.run_simulated)
                 reason = f"the simulation exited {code}: {last}"
-            outcome = JobOutcome(job.job_id, "ok" if code == 0 else "failed", elapsed, reason)
+            outcome = JobOutcome(job_id, "ok" if code == 0 else "failed", elapsed, reason)
         code = evaluator.finish()
         if code != 0:  # the job's records stand; its accuracy is missing, and the reason says why
             why = "ended at its time limit" if code is None else f"exited {code}: {_last_line(job_dir / 'evaluator.log')}"
@@ -510,14 +537,10 @@ def run_sim_job(spec: JobSpec, on_tick=None) -> JobOutcome:
     except BaseException:
         stop_processes([proc])
         evaluator.stop()
-        outcome = JobOutcome(job.job_id, "interrupted", time.monotonic() - started, "interrupted")
         raise
     finally:
         log.close()
         helpers.unregister(pid_file)
-        if outcome is not None:  # job.json last (atomic): an `ok` job's folder is complete
-            stand_in = {"stand_in": spec.sim.stand_in} if spec.sim.stand_in is not None else {}
-            write_job_record(spec, outcome, stop_decision=None, gpus=[], compute=spec.sim.compute, **stand_in)
     return outcome
 
 

@@ -49,7 +49,7 @@ from .auto_dilation import auto_time_dilation, measure_step_s
 from .byo import failure_lines
 from .environment import environment
 from .faults import compile_actions
-from .jobs import JobOutcome, last_records, run_job, run_sim_job
+from .jobs import JobOutcome, last_records, run_job, run_sim_job, write_sim_job_record
 from .jobspec import JobSpec, dilated, job_spec
 from .paths import RUNS_ROOT
 from .results import RunFrames, load_run, summarize, write_summary
@@ -119,16 +119,19 @@ def prepare_sim(scenario: Scenario, console, measure=measure_step_s) -> tuple[Sc
 
 
 def run_scenario(scenario: Scenario, backend_name: str, runs_root: Path = RUNS_ROOT,
-                 console=None, measure=measure_step_s, jobs: int = 1) -> CompletedRun:
+                 console=None, measure=measure_step_s, jobs: Optional[int] = 1,
+                 cluster: Optional[str] = None) -> CompletedRun:
     """Run every job of `scenario`; its run directory is marked complete, or incomplete on error.
     `measure`: how `time_dilation: auto` (and sim's `compute_s: auto`) times a workload
     (harness/auto_dilation.py). `backend_name` "sim": no network is built, each job is simulated
     (harness/sim_job.py). `jobs`: sim jobs run this many at once (`--jobs N`; emulated ones one
-    at a time)."""
+    at a time). `cluster`: a Dask scheduler's address: each sim job is a task of that cluster
+    (harness/cluster.py), `jobs` of them in flight (None: as many as its workers' threads)."""
     from rich.console import Console
 
     console = console or Console(stderr=True)
     sim: Optional[SimRun] = None
+    refuse_cluster(backend_name, cluster)
     if backend_name == SIM_BACKEND:
         backend_cls = None
         scenario, sim = prepare_sim(scenario, console, measure)
@@ -138,26 +141,53 @@ def run_scenario(scenario: Scenario, backend_name: str, runs_root: Path = RUNS_R
         if reason:
             console.print(f"backend {reason}")
         scenario = resolve_time_dilation(scenario, console, measure)
-    run_id = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    run_dir = runs_root / scenario.name / run_id
-    if run_dir.exists():
-        raise FileExistsError(f"{run_dir}: a run of this second exists already")
-    # Made under a hidden name and renamed: a run folder always holds its scenario and environment
-    # (a kill before the rename leaves only the hidden folder, with no job in it).
-    partial = run_dir.with_name(f".{run_id}.partial")
-    partial.mkdir(parents=True)
-    write_json_atomic(partial / SCENARIO_FILE, scenario_record(scenario, sim))
-    write_json_atomic(partial / "environment.json", environment(SIM_BACKEND if sim else backend_cls.name))
-    partial.rename(run_dir)
-    return _run_in(run_dir, scenario, backend_cls, console, sim, jobs=jobs)
+    with _cluster(cluster, console) as client:  # connected first: no run folder if it does not answer
+        run_id = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        run_dir = runs_root / scenario.name / run_id
+        if run_dir.exists():
+            raise FileExistsError(f"{run_dir}: a run of this second exists already")
+        # Made under a hidden name and renamed: a run folder always holds its scenario and environment
+        # (a kill before the rename leaves only the hidden folder, with no job in it).
+        partial = run_dir.with_name(f".{run_id}.partial")
+        partial.mkdir(parents=True)
+        write_json_atomic(partial / SCENARIO_FILE, scenario_record(scenario, sim))
+        where = environment(SIM_BACKEND if sim else backend_cls.name)
+        if client is not None:  # the jobs ran on the cluster's workers, not (only) this host
+            where["cluster"] = client.record()
+        write_json_atomic(partial / "environment.json", where)
+        partial.rename(run_dir)
+        return _run_in(run_dir, scenario, backend_cls, console, sim, jobs=jobs, cluster=client)
+
+
+def refuse_cluster(backend_name: str, cluster: Optional[str]) -> None:
+    """ConfigError naming --cluster for an emulated run: only sim jobs go through a cluster."""
+    if cluster is not None and backend_name != SIM_BACKEND:
+        raise ConfigError("", f"runs sim jobs only (backend {backend_name}: an emulated job needs a whole host, its "
+                          "network and cores; run it without --cluster, or with --backend sim)", source="--cluster")
+
+
+@contextlib.contextmanager
+def _cluster(address: Optional[str], console):
+    """The Dask cluster at `address` (harness/cluster.py), connected and said; None without one."""
+    if address is None:
+        yield None
+        return
+    from .cluster import Cluster
+
+    client = Cluster(address)
+    try:
+        console.print(f"cluster: {client.describe()}; each sim job is one task")
+        yield client
+    finally:
+        client.close()
 
 
 def _run_in(run_dir: Path, scenario: Scenario, backend_cls, console, sim: Optional[SimRun],
-            kept: frozenset = frozenset(), jobs: int = 1) -> CompletedRun:
+            kept: frozenset = frozenset(), jobs: Optional[int] = 1, cluster=None) -> CompletedRun:
     """Run the jobs of `scenario` in `run_dir` but those in `kept` (ids of jobs already ok), then
     write the summary and COMPLETE (INTERRUPTED and a partial summary on error, re-raised)."""
     try:
-        _run_points(scenario, backend_cls, run_dir, console, sim, kept, jobs)
+        _run_points(scenario, backend_cls, run_dir, console, sim, kept, jobs, cluster)
     except BaseException as exc:
         # Keep what was recorded and say so: `report` flags runs without COMPLETE.
         (run_dir / "INTERRUPTED").write_text(f"{type(exc).__name__}: {exc}\n")
@@ -289,7 +319,7 @@ def plan_resume(run_dir, scenario_file: Optional[str] = None, backend_name: Opti
 
 
 def resume_run(run_dir, scenario_file: Optional[str] = None, backend_name: Optional[str] = None,
-               console=None, jobs: int = 1) -> CompletedRun:
+               console=None, jobs: Optional[int] = 1, cluster: Optional[str] = None) -> CompletedRun:
     """`wanbench run --resume RUN_DIR`: the jobs of an interrupted (or finished) run that are not
     ok run again, in the order an uninterrupted run takes (under `tuning:` the picks are made
     again from the kept and re-run candidates), the ok ones kept untouched; then the summary and
@@ -298,6 +328,7 @@ def resume_run(run_dir, scenario_file: Optional[str] = None, backend_name: Optio
 
     console = console or Console(stderr=True)
     plan = plan_resume(run_dir, scenario_file, backend_name)
+    refuse_cluster(plan.backend_name, cluster)
     run_dir = plan.run_dir
     backend_cls = None
     if plan.sim is None:
@@ -314,7 +345,8 @@ def resume_run(run_dir, scenario_file: Optional[str] = None, backend_name: Optio
                               "environment": environment(plan.backend_name)}, default=str) + "\n")
     console.print(f"resume {run_dir}: {len(plan.kept)} job(s) kept (ok), {len(plan.cleared)} folder(s) "
                   "cleared (failed, interrupted or partial); every job not kept runs now")
-    completed = _run_in(run_dir, plan.scenario, backend_cls, console, plan.sim, plan.kept, jobs)
+    with _cluster(cluster, console) as client:
+        completed = _run_in(run_dir, plan.scenario, backend_cls, console, plan.sim, plan.kept, jobs, client)
     superseded = _set_aside_superseded(run_dir)
     if superseded:  # the summary without them
         frames = load_run(run_dir)
@@ -501,17 +533,65 @@ def _run_sim_jobs_at_once(specs: list[JobSpec], at_once: int, console, stop) -> 
             board.live = None
 
 
+def _run_sim_jobs_on_cluster(specs: list[JobSpec], cluster, at_once: int, console, stop) -> None:
+    """Run sim jobs as tasks of `cluster` (harness/cluster.py), `at_once` in flight, each landed
+    in its folder (outputs, then job.json) and its line printed as it ends. A task the cluster
+    could not run is recorded failed (its reason says why). On an error or Ctrl-C the jobs not
+    submitted are dropped, the tasks in flight cancelled and recorded `interrupted`, and it
+    re-raises."""
+    from rich.live import Live
+
+    from .cluster import land, land_failure
+
+    if not specs:
+        return
+    board = _Board(specs, at_once, stop)
+    waiting = list(specs)
+    running: dict = {}  # future -> (spec, its line's state, when submitted)
+    with Live(board.render(), console=console, refresh_per_second=4, transient=True) as live:
+        board.live = live
+        try:
+            while waiting or running:
+                while waiting and len(running) < at_once:
+                    spec = waiting.pop(0)
+                    running[cluster.submit(spec)] = (spec, board.start(spec), time.monotonic())
+                done, _ = cluster.wait_first(running)
+                for future in done:
+                    spec, state, submitted = running.pop(future)
+                    try:
+                        outcome = land(spec, future.result())
+                    except Exception as exc:  # noqa: BLE001 - the task's error (KilledWorker, ...) is the job's reason
+                        outcome = land_failure(spec, exc, time.monotonic() - submitted)
+                    board.end(spec, time.monotonic() - submitted)
+                    # no tick came from the worker: the line's step is rank 0's last record's
+                    _update_state(state, spec, last_records(spec.job_dir / "rank0.jsonl", kinds=("step",)),
+                                  outcome.wall_s)
+                    _print_job_line(console, spec, outcome, _with_final_accuracy(spec, state))
+        except BaseException:
+            cluster.cancel(running)
+            for spec, _, submitted in running.values():
+                write_sim_job_record(spec, JobOutcome(spec.job.job_id, "interrupted", time.monotonic() - submitted,
+                                                      "interrupted"))
+            raise
+        finally:
+            board.live = None
+
+
 def _run_points(scenario: Scenario, backend_cls, run_dir: Path, console, sim: Optional[SimRun] = None,
-                kept: frozenset = frozenset(), jobs: int = 1) -> None:
+                kept: frozenset = frozenset(), jobs: Optional[int] = 1, cluster=None) -> None:
     """Build each network point in turn, verify it, run its jobs, tear it down; on sim (`sim`
     given), simulate each job over the point's plan instead. Under `tuning:` a point's jobs are
     its tuning phase; then each label's pick is made (tuning.json, harness/tuning.py) and the
     reported seeds run at the picks, on the same network. `kept`: ids of jobs already ok in
     `run_dir` (a resumed run), not run again; a point none of whose jobs runs builds no network.
-    `jobs` > 1 on sim: `_run_sim_points_at_once`; emulated jobs run one at a time whatever it is."""
+    `jobs` > 1 or `cluster` on sim: `_run_sim_points_at_once` (`cluster`, harness/cluster.py: each
+    job a task of that cluster, `jobs` in flight, None: as many as its threads); emulated jobs run
+    one at a time whatever `jobs` is."""
     _say_run_settings(scenario, console, sim)
-    if jobs > 1 and sim is not None:
-        _run_sim_points_at_once(scenario, run_dir, console, sim, kept, jobs)
+    if jobs is None:
+        jobs = cluster.threads() if cluster is not None else 1
+    if sim is not None and (jobs > 1 or cluster is not None):
+        _run_sim_points_at_once(scenario, run_dir, console, sim, kept, jobs, cluster)
         return
     if jobs > 1:
         console.print(f"--jobs {jobs}: emulated jobs run one at a time (each needs every node of the network "
@@ -560,11 +640,12 @@ def _choose(tuning: Tuning, run_dir: Path, point: NetworkPoint, console, scenari
 
 
 def _run_sim_points_at_once(scenario: Scenario, run_dir: Path, console, sim: SimRun, kept: frozenset,
-                            jobs: int) -> None:
+                            jobs: int, cluster=None) -> None:
     """`--jobs N` on sim: the jobs of every network point in one pool, N at a time (each job is a
     process of its own over its point's plan: no network is built, so points need not take turns).
     Under `tuning:` two phases: every point's tuning jobs, then (the picks need them all) every
-    point's reported jobs. Each job's results are those of a run one at a time."""
+    point's reported jobs. Each job's results are those of a run one at a time. `cluster`: the
+    jobs are its tasks instead of this host's processes."""
     points = []
     for point in scenario.network_points():
         with _network_point(scenario, point, None, run_dir, console) as network:  # writes plan.json
@@ -579,13 +660,19 @@ def _run_sim_points_at_once(scenario: Scenario, run_dir: Path, console, sim: Sim
                                      sim.job_settings(job, run_dir / point.folder / "plan.json", plan)))
         return made
 
-    _run_sim_jobs_at_once(specs(scenario.jobs), jobs, console, scenario.spec.stop)
+    def run(phase: list[JobSpec]) -> None:
+        if cluster is not None:
+            _run_sim_jobs_on_cluster(phase, cluster, jobs, console, scenario.spec.stop)
+        else:
+            _run_sim_jobs_at_once(phase, jobs, console, scenario.spec.stop)
+
+    run(specs(scenario.jobs))
     if scenario.spec.tuning is None:
         return
     tuning = Tuning(scenario, run_dir / TUNING_FILE)
     reported = [job for point, _, _ in points for job in _choose(tuning, run_dir, point, console, scenario)]
     write_json_atomic(run_dir / "scenario.json", scenario_record(scenario, sim, reported))
-    _run_sim_jobs_at_once(specs(reported), jobs, console, scenario.spec.stop)
+    run(specs(reported))
 
 
 def _say_run_settings(scenario: Scenario, console, sim: Optional[SimRun]) -> None:

@@ -36,7 +36,7 @@ if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
   # of CUDA packages. On a GPU machine the same pin takes the registry's CUDA build.
   .venv/bin/pip install -q torch==2.13.0
 fi
-if ! .venv/bin/python -c "import emulator, trainers, pytest, hypothesis, pyarrow, tensorboard" >/dev/null 2>&1 \
+if ! .venv/bin/python -c "import emulator, trainers, pytest, hypothesis, pyarrow, tensorboard, distributed" >/dev/null 2>&1 \
    || [ pyproject.toml -nt .venv/.wanbench-installed ]; then
   .venv/bin/pip install -q -e ".[test]"
   touch .venv/.wanbench-installed
