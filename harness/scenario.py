@@ -549,6 +549,19 @@ def _server_placement(topology: Topology, spec: ScenarioFile, point: NetworkPoin
     return point, {**params, "server_ranks": [plan.node(f"{region}-{nodes}").rank]}
 
 
+def _region_placement(topology: Topology, spec: ScenarioFile, point: NetworkPoint, params: dict,
+                      algorithm: str) -> dict:
+    """A region-aware algorithm (its params name region_sizes) without region_sizes of its own
+    gets the job's nodes per region in rank order (make_plan numbers nodes region by region)."""
+    from trainers.algorithms import ALGORITHMS
+
+    if "region_sizes" in params or algorithm not in ALGORITHMS:
+        return params
+    if "region_sizes" not in {f.name for f in dataclasses.fields(ALGORITHMS[algorithm].Params)}:
+        return params
+    return {**params, "region_sizes": list(_topology_for(topology, spec, point).regions.values())}
+
+
 def _merged(base: dict, override: dict) -> dict:
     """`base` with `override` laid over it, mappings merged key by key (neither is changed)."""
     merged = copy.deepcopy(base)
@@ -759,6 +772,7 @@ def _tuning_group(maker: _JobMaker, topology: Topology, index: int, entry: Algor
     spec = maker.spec
     tuning = spec.tuning
     point, placed = _server_placement(topology, spec, base_point, {**entry.params, **variant}, entry.name)
+    placed = _region_placement(topology, spec, point, placed, entry.name)
     nodes = sum(_topology_for(topology, spec, point).regions.values())
     workers = global_batch_workers(entry.name, placed, nodes - len(placed.get("server_ranks") or []))
     candidates = [dict(zip(tuning.grid, combo)) for combo in itertools.product(*tuning.grid.values())]
@@ -959,6 +973,7 @@ def scenario_from_dict(data: dict, source: str) -> Scenario:
         for variant, tuned in itertools.product(variants, tunings):
             for base_point in points:
                 point, placed = _server_placement(topology, spec, base_point, {**entry.params, **variant}, entry.name)
+                placed = _region_placement(topology, spec, point, placed, entry.name)
                 jobs += [maker.job(index, entry, variant, tuned, base_point, point, placed, seed)
                          for seed in spec.seeds]
     labels_made = [job.label for job in jobs]

@@ -17,6 +17,9 @@ onebit        float32 mean |x|, then 1 sign bit per element   mean|x| * sign(x) 
                                                               et al. 2019; needs error feedback)
 topk          k int32 indices, then k float32 values          x on the k largest |x|, 0 elsewhere (DGC-style;
                                                               needs error feedback)
+chunked_topk  per chunk of chunk_size: k 2-byte indices, then   the kept values' sign * the mean magnitude of
+              2-bit codes + 2 float32 (bits 2) or k float32   their half (above / not above the chunk's mean
+              (bits 32) (SparseLoCo, Sarfi et al. 2025)       kept magnitude); 0 elsewhere; error feedback
 ============  ==============================================  ===========================================
 
 Biased codes (onebit, topk) set ``error_feedback``: :class:`ErrorFeedback` keeps the part the
@@ -280,8 +283,92 @@ class TopK(Compressor):
         return out.to(dtype)
 
 
+@dataclass
+class ChunkedTopKParams:
+    """Args: chunk_size: elements per chunk (<= 65536: in-chunk indices are 2 bytes); ratio:
+    fraction of each chunk kept (k = ceil(ratio * chunk_size), at least 1); bits: 2 (sign and
+    one magnitude bit, two float32 magnitudes per chunk) or 32 (float32 values, no quantization)."""
+
+    chunk_size: int = 4096
+    ratio: float = 1 / 64
+    bits: int = 2
+
+    def __post_init__(self) -> None:
+        require_int("chunk_size", self.chunk_size, minimum=1, maximum=65536)
+        require_float("ratio", self.ratio, minimum=0.0, maximum=1.0, min_exclusive=True)
+        if self.bits not in (2, 32):
+            raise ConfigError("bits", f"must be 2 or 32, got {self.bits!r}")
+
+
+class ChunkedTopK(Compressor):
+    """SparseLoCo's code (Sarfi et al. 2025): the buffer, zero-padded to whole chunks of
+    ``chunk_size``, keeps its k largest |x_i| per chunk; each kept value is sent as 2 bits (sign,
+    and whether |x_i| is above the chunk's mean kept magnitude; decoded as the mean magnitude of
+    its half, two float32 per chunk) or as float32 (bits 32). Payload, C chunks: C*k in-chunk
+    indices (2 bytes each, big-endian), then the codes (C*k 2-bit codes packed 4 per byte, then
+    2*C float32 magnitudes; or C*k float32 values). Biased: use with error feedback."""
+
+    name = "chunked_topk"
+    Params = ChunkedTopKParams
+    error_feedback = True
+
+    def k(self) -> int:
+        """Elements kept per chunk."""
+        return min(self.params.chunk_size, max(1, math.ceil(self.params.ratio * self.params.chunk_size)))
+
+    def chunks(self, numel: int) -> int:
+        return math.ceil(numel / self.params.chunk_size)
+
+    def payload_bytes(self, numel: int) -> int:
+        kept = self.chunks(numel) * self.k()
+        if self.params.bits == 32:
+            return 2 * kept + 4 * kept
+        return 2 * kept + math.ceil(kept / 4) + 8 * self.chunks(numel)
+
+    def _chunked(self, flat: torch.Tensor) -> torch.Tensor:
+        size = self.params.chunk_size
+        values = flat.detach().to(torch.float32).reshape(-1)
+        padding = self.chunks(values.numel()) * size - values.numel()
+        return torch.cat([values, values.new_zeros(padding)]).reshape(-1, size)
+
+    def encode(self, flat: torch.Tensor) -> torch.Tensor:
+        chunked = self._chunked(flat)
+        indices = chunked.abs().topk(self.k(), dim=1, sorted=False).indices  # (C, k)
+        kept = chunked.gather(1, indices)
+        index_bytes = torch.stack([indices >> 8, indices & 255], dim=-1).to(torch.uint8).reshape(-1)
+        if self.params.bits == 32:
+            return torch.cat([index_bytes, float32_bytes(kept)])
+        magnitude = kept.abs()
+        high = magnitude > magnitude.mean(dim=1, keepdim=True)
+        high_count = high.sum(dim=1)
+        low_count = high.shape[1] - high_count
+        high_mean = (magnitude * high).sum(dim=1) / high_count.clamp_min(1)
+        low_mean = (magnitude * ~high).sum(dim=1) / low_count.clamp_min(1)
+        codes = (kept < 0).to(torch.uint8) * 2 + high.to(torch.uint8)
+        scales = torch.stack([low_mean, high_mean], dim=1)
+        return torch.cat([index_bytes, pack_bits(codes, 2), float32_bytes(scales)])
+
+    def decode(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        chunks, k, size = self.chunks(numel), self.k(), self.params.chunk_size
+        kept = chunks * k
+        pairs = payload[: 2 * kept].to(torch.int64).reshape(chunks, k, 2)
+        indices = pairs[..., 0] * 256 + pairs[..., 1]
+        rest = payload[2 * kept :]
+        if self.params.bits == 32:
+            values = bytes_float32(rest.clone()).reshape(chunks, k)  # clone: float32-aligned
+        else:
+            code_bytes = math.ceil(kept / 4)
+            codes = unpack_bits(rest[:code_bytes], 2, kept).reshape(chunks, k).to(torch.int64)
+            scales = bytes_float32(rest[code_bytes:].clone()).reshape(chunks, 2)
+            magnitude = scales.gather(1, codes & 1)
+            values = torch.where(codes >= 2, -magnitude, magnitude)
+        out = torch.zeros(chunks, size, dtype=torch.float32, device=payload.device)
+        out.scatter_(1, indices, values)
+        return out.reshape(-1)[:numel].to(dtype)
+
+
 COMPRESSORS: dict[str, type[Compressor]] = {
-    cls.name: cls for cls in (Fp16, Bf16, QSGD, TernGrad, OneBit, TopK)
+    cls.name: cls for cls in (Fp16, Bf16, QSGD, TernGrad, OneBit, TopK, ChunkedTopK)
 }
 
 

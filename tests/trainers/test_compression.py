@@ -55,7 +55,7 @@ class MirrorComm(Comm):
 
 
 def test_registry_is_checked_at_import(monkeypatch):
-    assert set(COMPRESSORS) == {"fp16", "bf16", "qsgd", "terngrad", "onebit", "topk"}
+    assert set(COMPRESSORS) == {"fp16", "bf16", "qsgd", "terngrad", "onebit", "topk", "chunked_topk"}
     monkeypatch.setitem(COMPRESSORS, "wrong_name", compression.QSGD)
     with pytest.raises(TypeError, match="registered as 'wrong_name' is named 'qsgd'"):
         compression._check_registry()

@@ -14,12 +14,14 @@ from trainers.algorithms.diloco import DiLoCo
 from trainers.algorithms.dts import DTS
 from trainers.algorithms.easgd import EASGD
 from trainers.algorithms.eawild import EAWild
+from trainers.algorithms.hierarchical_diloco import HierarchicalDiLoCo
 from trainers.algorithms.dpsgd import DPSGD
 from trainers.algorithms.local_only import LocalOnly
 from trainers.algorithms.local_sgd import LocalSGD
 from trainers.algorithms.p3 import P3
 from trainers.algorithms.ps_sync import PSSync
 from trainers.algorithms.quantized import Quantized
+from trainers.algorithms.sparseloco import SparseLoCo
 from trainers.algorithms.sync import Sync
 from trainers.algorithms.swarmsgd import SwarmSGD
 
@@ -39,6 +41,8 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
     ADPSGD.name: ADPSGD,
     SwarmSGD.name: SwarmSGD,
     LocalOnly.name: LocalOnly,
+    SparseLoCo.name: SparseLoCo,
+    HierarchicalDiLoCo.name: HierarchicalDiLoCo,
 }
 
 

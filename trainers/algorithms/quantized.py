@@ -36,16 +36,17 @@ from trainers.snapshots import OutputState
 
 BASE_PARAMS = {"sync": SyncParams, "local_sgd": LocalSGDParams}
 _BASE_FIELDS = ("bucket_cap_mb", "broadcast_buffers", "H", "warmup_steps", "collective")
-_COMPRESSOR_FIELDS = ("levels", "chunk_size", "ratio")
+_COMPRESSOR_FIELDS = ("levels", "chunk_size", "ratio", "bits")
 
 
 @dataclass
 class QuantizedParams:
     """Args:
         base: the strategy whose exchanges are compressed (sync | local_sgd).
-        compressor: fp16 | bf16 | qsgd | terngrad | onebit | topk.
+        compressor: fp16 | bf16 | qsgd | terngrad | onebit | topk | chunked_topk.
         levels, chunk_size: qsgd's levels s (1..127) and elements per float32 norm.
-        ratio: topk's fraction of elements sent.
+        ratio: topk's fraction of elements sent (chunked_topk's: of each chunk).
+        bits: chunked_topk's bits per kept value (2, or 32: float32).
         bucket_cap_mb, broadcast_buffers: sync's (bucket_cap_mb also local_sgd's warm-up buckets).
         H, warmup_steps: local_sgd's local steps per average and synchronous warm-up steps.
         collective: local_sgd's allreduce | ring; here it picks the all-reduce of summable codes
@@ -58,6 +59,7 @@ class QuantizedParams:
     levels: Optional[int] = None
     chunk_size: Optional[int] = None
     ratio: Optional[float] = None
+    bits: Optional[int] = None
     bucket_cap_mb: Optional[float] = None
     broadcast_buffers: Optional[bool] = None
     H: Optional[int] = None
