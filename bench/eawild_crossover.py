@@ -1,0 +1,117 @@
+"""EA-wild's async/sync crossover from runs of scenarios/paper-eawild-sweep*.yaml (issue 23 item 3).
+
+Reads each run's summary.csv (labels ``sync-c<ms>`` and ``eawild-c<ms>``: the same workload with
+every step's compute padded to <ms> milliseconds) and prints, per worker count and compute point:
+
+* sync's and EA-wild's time to the target accuracy (virtual seconds; median over the seeds, with
+  min-max), EA-wild's speedup over sync per seed (sync's time / EA-wild's, same seed) and its
+  median and min-max, and the accuracy at the step budget (equal epochs: both have the same
+  workers and batch) as EA-wild minus sync in points;
+* sync's communication per step, measured: sync's step time at the smallest compute point minus
+  that compute (its all-reduce, hardly hidden there), and the ratio compute / that time;
+* the crossover: where EA-wild's speedup crosses 1, interpolated linearly in log(compute) between
+  the two compute points around it, for the median and for each seed (their spread). A seed
+  that never reached the target has no speedup at that point (counted as a miss).
+
+    .venv/bin/python bench/eawild_crossover.py results/papers/eawild-sweep/<run> [<run> ...]
+    .venv/bin/python bench/eawild_crossover.py RUN... --csv results/papers/eawild-sweep/crossover.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+LABEL = re.compile(r"^(sync|eawild)-c(\d+)$")
+
+
+def load(run_dirs: list[Path]) -> pd.DataFrame:
+    frames = []
+    for run in run_dirs:
+        summary = pd.read_csv(run / "summary.csv")
+        summary = summary[summary["phase"].astype(str) != "tuning"] if "phase" in summary else summary
+        frames.append(summary.assign(run=run.name))
+    rows = pd.concat(frames, ignore_index=True)
+    parsed = rows["label"].str.extract(LABEL)
+    rows = rows.assign(algorithm_=parsed[0], compute_ms=pd.to_numeric(parsed[1]))
+    return rows.dropna(subset=["algorithm_"])
+
+
+def crossing(points: list[tuple[float, float]]) -> float | None:
+    """The compute (ms) where speedup crosses 1 going from > 1 to <= 1, interpolated in log(ms)."""
+    points = sorted((c, s) for c, s in points if s is not None and not math.isnan(s))
+    for (c0, s0), (c1, s1) in zip(points, points[1:]):
+        if s0 > 1 >= s1:
+            x0, x1 = math.log(c0), math.log(c1)
+            return math.exp(x0 + (x1 - x0) * (s0 - 1) / (s0 - s1))
+    return None
+
+
+def table(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    out, lines = [], []
+    for workers, group in rows.groupby("workers"):
+        sync = group[group["algorithm_"] == "sync"].set_index(["compute_ms", "seed"])
+        wild = group[group["algorithm_"] == "eawild"].set_index(["compute_ms", "seed"])
+        smallest = sync.index.get_level_values(0).min()
+        at_smallest = sync.loc[smallest]
+        comm_s = float((1.0 / at_smallest["steps_per_s"] - smallest / 1e3).median())
+        per_seed: dict = {}
+        medians = []
+        for compute in sorted(set(sync.index.get_level_values(0)) & set(wild.index.get_level_values(0))):
+            seeds = sorted(set(sync.loc[compute].index) & set(wild.loc[compute].index))
+            speedups = []
+            for seed in seeds:
+                s, w = sync.loc[(compute, seed)], wild.loc[(compute, seed)]
+                ratio = s["time_to_target_s"] / w["time_to_target_s"] if pd.notna(w["time_to_target_s"]) else 0.0
+                speedups.append(ratio)
+                per_seed.setdefault(seed, []).append((compute, ratio))
+            deltas = [(wild.loc[(compute, s)]["accuracy_at_step_budget"] - sync.loc[(compute, s)]["accuracy_at_step_budget"]) * 100
+                      for s in seeds]
+            median = float(pd.Series(speedups).median())
+            medians.append((compute, median))
+            out.append({
+                "workers": int(workers), "compute_ms": compute, "seeds": len(seeds),
+                "compute_over_comm": compute / 1e3 / comm_s,
+                "sync_time_to_target_s": float(sync.loc[compute]["time_to_target_s"].median()),
+                "eawild_time_to_target_s": float(wild.loc[compute]["time_to_target_s"].median()),
+                "eawild_reached": int(wild.loc[compute]["time_to_target_s"].notna().sum()),
+                "speedup_median": median, "speedup_min": min(speedups), "speedup_max": max(speedups),
+                "sync_steps_per_s": float(sync.loc[compute]["steps_per_s"].median()),
+                "eawild_steps_per_s": float(wild.loc[compute]["steps_per_s"].median()),
+                "acc_delta_pp_median": float(pd.Series(deltas).median()),
+                "acc_delta_pp_min": min(deltas), "acc_delta_pp_max": max(deltas),
+            })
+        median_cross = crossing(medians)
+        seed_cross = {seed: crossing(points) for seed, points in per_seed.items()}
+        said = ", ".join(f"seed {s}: " + (f"{c:.1f} ms" if c else "none") for s, c in sorted(seed_cross.items()))
+        found = [c for c in seed_cross.values() if c]
+        spread = f" (seeds {min(found):.1f}-{max(found):.1f} ms)" if found else ""
+        lines.append(f"{int(workers)} workers: sync's communication per step {comm_s * 1e3:.1f} ms (step at "
+                     f"{smallest:g} ms compute less that compute); crossover (EA-wild's median speedup = 1) at "
+                     + (f"{median_cross:.1f} ms compute = {median_cross / 1e3 / comm_s:.2f} x sync's communication"
+                        if median_cross else "none in the sweep") + f"{spread}; per seed: {said}")
+    return pd.DataFrame(out), lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("--csv", type=Path)
+    args = parser.parse_args()
+    frame, lines = table(load(args.runs))
+    with pd.option_context("display.width", 200, "display.max_columns", 30, "display.float_format", "{:.3g}".format):
+        print(frame.to_string(index=False))
+    for line in lines:
+        print(line)
+    if args.csv:
+        frame.to_csv(args.csv, index=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
