@@ -43,8 +43,9 @@ _COMPRESSOR_FIELDS = ("levels", "chunk_size", "ratio")
 class QuantizedParams:
     """Args:
         base: the strategy whose exchanges are compressed (sync | local_sgd).
-        compressor: fp16 | bf16 | qsgd | terngrad | onebit | topk.
-        levels, chunk_size: qsgd's levels s (1..127) and elements per float32 norm.
+        compressor: fp16 | bf16 | qsgd | terngrad | onebit | topk | int8 | int4.
+        levels, chunk_size: qsgd's levels s (1..127) and elements per float32 norm (chunk_size also
+            int8's and int4's elements per float32 scale).
         ratio: topk's fraction of elements sent.
         bucket_cap_mb, broadcast_buffers: sync's (bucket_cap_mb also local_sgd's warm-up buckets).
         H, warmup_steps: local_sgd's local steps per average and synchronous warm-up steps.
