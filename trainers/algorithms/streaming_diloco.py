@@ -26,14 +26,15 @@ What is the paper's and torchft's, and what is this file's own:
   tau < H/F (one fragment in flight); here tau may be up to H - 1 (a fragment is never launched
   again before it is applied), so fragments may be in flight together. A fragment whose first
   launch would fall before step 1 (tau >= (p+1) H/F) first syncs one round later.
-* Fragments: torchft takes them from the caller (lists of modules). Here: the parameter tensors
+* Fragments: the paper's are groups of transformer blocks; torchft takes them from the caller
+  (lists of modules). Here: the parameter tensors
   in module order, cut into F contiguous runs of about equal element count (a tensor is never
   split; each fragment gets at least one), the paper's "sequential" pattern; its "strided"
   pattern (layer i to fragment i mod F), which it reports slightly better, is not implemented.
 * One outer optimizer per fragment (torchft accepts one per fragment too); the inner AdamW and
   its state are shared and never reset, as in DiLoCo.
-* Outer-gradient precision: the paper sends outer gradients as 4-bit floats (E3M0) and
-  accumulates in float32; torchft's ``should_quantize`` quantizes the all-reduce. Here: a
+* Outer-gradient precision: the paper sends outer gradients as 4-bit floats and accumulates
+  in float32; torchft's ``should_quantize`` quantizes the all-reduce. Here: a
   uniform per-chunk grid (int8, int4; trainers/compression.py) or bf16, all-gathered, averaged
   in float32. Not the paper's float format.
 * BatchNorm-style float buffers are averaged (blocking, float32) whenever the last fragment is
