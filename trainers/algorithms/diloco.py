@@ -10,7 +10,9 @@ replicas' mean. The replica restarts from the new theta_g; inner optimizer state
 ``outer_precision`` (fp32 | bf16 | int8 | int4) sets how the pseudo-gradient crosses the
 network: fp32 (default) is the all-reduce above; the others all-gather encoded payloads and
 average the decoded ones in float32 (trainers/algorithms/diloco_common.py). The BatchNorm
-buffers are averaged in float32 whatever the precision.
+buffers are averaged in float32 whatever the precision. Crash tolerance is tested at fp32 only
+(tests/trainers/test_fault_tolerance.py); the all-gather of the other precisions through a crash
+is not.
 
 Crash tolerance (comm backend tcp): the average is over the replicas that reached the outer
 step; a crashed rank is left out from then on. A restarted rank gets theta_g, the outer
