@@ -36,6 +36,7 @@ PALETTE = {
     "dts": "#0072B2",
     "local_sgd": "#E69F00",
     "diloco": "#009E73",
+    "streaming_diloco": "#117733",
     "swarmsgd": "#CC79A7",
     "dpsgd": "#9467BD",
     "adpsgd": "#8C564B",

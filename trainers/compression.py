@@ -20,6 +20,10 @@ topk          k int32 indices, then k float32 values          x on the k largest
 chunked_topk  per chunk of chunk_size: k 2-byte indices, then   the kept values' sign * the mean magnitude of
               2-bit codes + 2 float32 (bits 2) or k float32   their half (above / not above the chunk's mean
               (bits 32) (SparseLoCo, Sarfi et al. 2025)       kept magnitude); 0 elsewhere; error feedback
+int8          per chunk a float32 max|x|, then d int8 codes   max|x| * code / 127, code = round(127 x /
+              in [-127, 127]                                  max|x|): round to nearest, deterministic
+int4          per chunk a float32 max|x|, then 4-bit codes    max|x| * code / 7, code = round(7 x / max|x|)
+              (code + 8, 2 per byte) in [-7, 7]               in [-7, 7]: round to nearest, deterministic
 ============  ==============================================  ===========================================
 
 Biased codes (onebit, topk) set ``error_feedback``: :class:`ErrorFeedback` keeps the part the
@@ -367,8 +371,85 @@ class ChunkedTopK(Compressor):
         return out.reshape(-1)[:numel].to(dtype)
 
 
+@dataclass
+class UniformParams:
+    """Args: chunk_size: elements sharing one float32 scale (their max |x|; smaller: finer steps
+    where the values are small, more bytes)."""
+
+    chunk_size: int = 512
+
+    def __post_init__(self) -> None:
+        require_int("chunk_size", self.chunk_size, minimum=1)
+
+
+class Int8(Compressor):
+    """Uniform symmetric quantization, per chunk: scale = max|x| of the chunk (float32), code =
+    round(levels * x / scale) in [-levels, levels], decoded as scale * code / levels.
+
+    Round to nearest, not stochastic: the error of each element is at most scale / (2 levels),
+    and the codes depend on the values alone (the same on every rank and every run). Made for
+    DiLoCo's pseudo-gradient (``outer_precision``), which is averaged over the ranks and applied
+    once per round through the outer momentum. Streaming DiLoCo (Douillard et al. 2025) casts
+    its outer gradients to low precision deterministically too (a 4-bit float there, a uniform
+    grid here). Stochastic rounding would be unbiased but doubles the worst error per element;
+    this code is biased by at most half a step per element: do not read it as QSGD.
+    """
+
+    name = "int8"
+    Params = UniformParams
+    levels: ClassVar[int] = 127
+    bits: ClassVar[int] = 8
+
+    def _chunks(self, numel: int) -> int:
+        return math.ceil(numel / self.params.chunk_size)
+
+    def code_bytes(self, numel: int) -> int:
+        """Bytes of the codes of ``numel`` elements (without the scales)."""
+        return math.ceil(numel * self.bits / 8)
+
+    def payload_bytes(self, numel: int) -> int:
+        return HEADER_BYTES * self._chunks(numel) + self.code_bytes(numel)
+
+    def encode(self, flat: torch.Tensor) -> torch.Tensor:
+        numel, size, levels = flat.numel(), self.params.chunk_size, self.levels
+        values = flat.detach().to(torch.float32)
+        padded = torch.cat([values, values.new_zeros(self._chunks(numel) * size - numel)]).reshape(-1, size)
+        scales = padded.abs().amax(dim=1) if numel else padded.new_zeros(0)
+        ratio = padded * (levels / scales.clamp_min(torch.finfo(torch.float32).tiny)).unsqueeze(1)
+        codes = torch.round(ratio).clamp(-levels, levels).reshape(-1)[:numel]
+        return torch.cat([float32_bytes(scales), self._pack(codes)])
+
+    def _pack(self, codes: torch.Tensor) -> torch.Tensor:
+        return codes.to(torch.int8).view(torch.uint8)
+
+    def _unpack(self, packed: torch.Tensor, numel: int) -> torch.Tensor:
+        return packed.view(torch.int8).to(torch.float32)
+
+    def decode(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        chunks, size = self._chunks(numel), self.params.chunk_size
+        scales = bytes_float32(payload[: HEADER_BYTES * chunks])
+        codes = self._unpack(payload[HEADER_BYTES * chunks :], numel)
+        per_element = scales.repeat_interleave(size)[:numel]
+        return (per_element * codes / self.levels).to(dtype)
+
+
+class Int4(Int8):
+    """:class:`Int8`'s code with 7 levels each side: codes in [-7, 7] stored as code + 8 in 4 bits,
+    two per byte (:func:`pack_bits`); error at most scale / 14 per element."""
+
+    name = "int4"
+    levels = 7
+    bits = 4
+
+    def _pack(self, codes: torch.Tensor) -> torch.Tensor:
+        return pack_bits((codes + 8).to(torch.uint8), 4)
+
+    def _unpack(self, packed: torch.Tensor, numel: int) -> torch.Tensor:
+        return unpack_bits(packed, 4, numel).to(torch.float32) - 8
+
+
 COMPRESSORS: dict[str, type[Compressor]] = {
-    cls.name: cls for cls in (Fp16, Bf16, QSGD, TernGrad, OneBit, TopK, ChunkedTopK)
+    cls.name: cls for cls in (Fp16, Bf16, QSGD, TernGrad, OneBit, TopK, ChunkedTopK, Int8, Int4)
 }
 
 

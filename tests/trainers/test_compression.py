@@ -55,7 +55,7 @@ class MirrorComm(Comm):
 
 
 def test_registry_is_checked_at_import(monkeypatch):
-    assert set(COMPRESSORS) == {"fp16", "bf16", "qsgd", "terngrad", "onebit", "topk", "chunked_topk"}
+    assert set(COMPRESSORS) == {"fp16", "bf16", "qsgd", "terngrad", "onebit", "topk", "chunked_topk", "int8", "int4"}
     monkeypatch.setitem(COMPRESSORS, "wrong_name", compression.QSGD)
     with pytest.raises(TypeError, match="registered as 'wrong_name' is named 'qsgd'"):
         compression._check_registry()
@@ -215,3 +215,35 @@ def test_quantized_onebit_step_sends_a_32nd_of_sync():
     d = 64 * 40 + 40 + 40 * 10 + 10
     assert sent == {"sync": 4 * d, "onebit": math.ceil(d / 8) + 4}
     assert sent["onebit"] / sent["sync"] == pytest.approx(1 / 32, rel=0.02)  # + 4-byte scale, padding
+
+
+@pytest.mark.parametrize("name, levels", [("int8", 127), ("int4", 7)])
+@pytest.mark.parametrize("numel, chunk_size", [(1, 4), (7, 4), (1037, 64), (1000, 512)])
+def test_uniform_codes_round_to_within_half_a_step_of_each_chunks_scale(name, levels, numel, chunk_size):
+    code = build_compressor(name, chunk_size=chunk_size)
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(numel)) * torch.linspace(0.01, 10, numel)
+    payload = code.encode(x)
+    chunks = math.ceil(numel / chunk_size)
+    bits = {"int8": 8, "int4": 4}[name]
+    assert payload.dtype == torch.uint8 and payload.numel() == 4 * chunks + math.ceil(numel * bits / 8)
+    decoded = code.decode(payload, numel, torch.float32)
+    assert decoded.shape == (numel,)
+    padded = torch.cat([x, x.new_zeros(chunks * chunk_size - numel)]).reshape(chunks, chunk_size)
+    step = (padded.abs().amax(dim=1) / levels).repeat_interleave(chunk_size)[:numel]
+    error = (decoded - x).abs()
+    assert (error <= step / 2 * (1 + 1e-5) + 1e-12).all(), (error / step).max()
+    # each chunk's largest value is on the grid: decoded exactly (to float32 rounding)
+    largest = padded.abs().argmax(dim=1) + torch.arange(chunks) * chunk_size
+    largest = largest[largest < numel]
+    assert torch.allclose(decoded[largest], x[largest], rtol=1e-6)
+    # deterministic: the same codes every time
+    assert torch.equal(code.encode(x), payload)
+
+
+def test_int4_codes_are_two_per_byte_and_int8_one():
+    x = torch.tensor([1.0, -1.0, 0.5, 0.0, -0.5])
+    int4 = build_compressor("int4", chunk_size=8)
+    # scale 1.0, codes round(7 * x) = 7, -7, 4 (3.5 rounds half to even), 0, -4; stored + 8
+    assert int4.encode(x)[4:].tolist() == [(15 << 4) | 1, (12 << 4) | 8, 4 << 4]
+    int8 = build_compressor("int8", chunk_size=8)
+    assert int8.encode(x)[4:].view(torch.int8).tolist() == [127, -127, 64, 0, -64]

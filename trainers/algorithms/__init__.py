@@ -22,6 +22,7 @@ from trainers.algorithms.p3 import P3
 from trainers.algorithms.ps_sync import PSSync
 from trainers.algorithms.quantized import Quantized
 from trainers.algorithms.sparseloco import SparseLoCo
+from trainers.algorithms.streaming_diloco import StreamingDiLoCo
 from trainers.algorithms.sync import Sync
 from trainers.algorithms.swarmsgd import SwarmSGD
 
@@ -31,6 +32,7 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
     LocalSGD.name: LocalSGD,
     DTS.name: DTS,
     DiLoCo.name: DiLoCo,
+    StreamingDiLoCo.name: StreamingDiLoCo,
     P3.name: P3,
     PSSync.name: PSSync,
     AsyncPS.name: AsyncPS,

@@ -7,6 +7,13 @@ section, schedule from lr_schedule); then the pseudo-gradient delta_i = theta_g 
 optimizer takes theta_g <- theta_g - outer_lr * nesterov(mean delta), i.e. moves towards the
 replicas' mean. The replica restarts from the new theta_g; inner optimizer state persists.
 
+``outer_precision`` (fp32 | bf16 | int8 | int4) sets how the pseudo-gradient crosses the
+network: fp32 (default) is the all-reduce above; the others all-gather encoded payloads and
+average the decoded ones in float32 (trainers/algorithms/diloco_common.py). The BatchNorm
+buffers are averaged in float32 whatever the precision. Crash tolerance is tested at fp32 only
+(tests/trainers/test_fault_tolerance.py); the all-gather of the other precisions through a crash
+is not.
+
 Crash tolerance (comm backend tcp): the average is over the replicas that reached the outer
 step; a crashed rank is left out from then on. A restarted rank gets theta_g, the outer
 momentum and the round counters from rank 0 at an evaluation point, and starts its replica from
@@ -22,7 +29,8 @@ from typing import Literal, Optional
 import torch
 from torch import nn
 
-from trainers.algorithms.base import Algorithm, AlgorithmContext, StepResult, flatten, unflatten_into
+from trainers.algorithms.base import Algorithm, AlgorithmContext, StepResult, flatten
+from trainers.algorithms.diloco_common import OUTER_PRECISIONS, OuterPrecision, launch_average, outer_compressor, outer_step
 from trainers.config import ConfigError, require_choice, require_float, require_int
 from trainers.snapshots import OutputState
 
@@ -32,16 +40,19 @@ class DiLoCoParams:
     """Args: H: inner steps per round; outer_lr: outer SGD learning rate; outer_momentum: its
     Nesterov momentum; nesterov: use Nesterov (else heavy-ball) momentum in the outer step;
     collective: how the pseudo-gradient is averaged, allreduce (gloo/nccl) or ring (isend/irecv
-    ring, fewer WAN round trips)."""
+    ring, fewer WAN round trips); outer_precision: the pseudo-gradient on the wire, fp32
+    (all-reduced) or bf16 | int8 | int4 (encoded, all-gathered, averaged in float32)."""
 
     H: int = 50
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
     nesterov: bool = True
     collective: Literal["allreduce", "ring"] = "allreduce"
+    outer_precision: OuterPrecision = "fp32"
 
     def __post_init__(self) -> None:
         require_int("H", self.H, minimum=1)
+        require_choice("outer_precision", self.outer_precision, OUTER_PRECISIONS)
         require_float("outer_lr", self.outer_lr, minimum=0.0, min_exclusive=True)
         require_float("outer_momentum", self.outer_momentum, minimum=0.0, maximum=1.0)
         require_choice("collective", self.collective, ("allreduce", "ring"))
@@ -74,6 +85,7 @@ class DiLoCo(Algorithm):
         self.state = DiLoCoState()
         self.global_model: nn.Module | None = None
         self.outer_optimizer: torch.optim.Optimizer | None = None
+        self.outer_code = outer_compressor(params.outer_precision)
 
     def setup(self) -> None:
         super().setup()
@@ -97,15 +109,8 @@ class DiLoCo(Algorithm):
         global_params = list(self.global_model.parameters())
         local_params = list(self.model.parameters())
         pseudo_gradient = flatten(global_params) - flatten(local_params)
-        if self.params.collective == "ring":
-            self.comm.ring_all_reduce(pseudo_gradient, op="avg")
-        else:
-            self.comm.allreduce_async(pseudo_gradient, op="avg").wait()
-        for param in global_params:
-            if param.grad is None:
-                param.grad = torch.zeros_like(param)
-        unflatten_into(pseudo_gradient, [p.grad for p in global_params])
-        self.outer_optimizer.step()
+        launch_average(self.comm, pseudo_gradient, self.outer_code, self.params.collective).wait()
+        outer_step(global_params, pseudo_gradient, self.outer_optimizer)
         # BatchNorm statistics are not trained by gradients: average them as they are.
         local_buffers = [b for b in self.model.buffers() if b.is_floating_point()]
         self.average_tensors(local_buffers, self.params.collective)

@@ -43,8 +43,9 @@ _COMPRESSOR_FIELDS = ("levels", "chunk_size", "ratio", "bits")
 class QuantizedParams:
     """Args:
         base: the strategy whose exchanges are compressed (sync | local_sgd).
-        compressor: fp16 | bf16 | qsgd | terngrad | onebit | topk | chunked_topk.
-        levels, chunk_size: qsgd's levels s (1..127) and elements per float32 norm.
+        compressor: fp16 | bf16 | qsgd | terngrad | onebit | topk | chunked_topk | int8 | int4.
+        levels, chunk_size: qsgd's levels s (1..127) and elements per float32 norm (chunk_size also
+            int8's and int4's elements per float32 scale).
         ratio: topk's fraction of elements sent (chunked_topk's: of each chunk).
         bits: chunked_topk's bits per kept value (2, or 32: float32).
         bucket_cap_mb, broadcast_buffers: sync's (bucket_cap_mb also local_sgd's warm-up buckets).
