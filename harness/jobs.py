@@ -466,6 +466,16 @@ def sim_job_argv(job_dir: Path) -> list[str]:
     return [sys.executable, "-m", "harness.sim_job", str(job_dir)]
 
 
+# How a job's reason starts when its evaluator failed after the job's own ranks ended ok: the job
+# is `ok` (its records stand) but has no accuracy; `wanbench run --resume` runs it again.
+EVALUATOR_FAILED = "the evaluator "
+
+
+def evaluation_failed(info: dict) -> bool:
+    """Whether job.json `info` is of a job whose evaluator failed (see EVALUATOR_FAILED)."""
+    return any(part.startswith(EVALUATOR_FAILED) for part in str(info.get("reason") or "").split("; "))
+
+
 def run_sim_job(spec: JobSpec, on_tick=None) -> JobOutcome:
     """Run one job on backend sim: every rank in one process on a virtual clock
     (`python -m harness.sim_job`, reading config.json and sim.json written here), then the
@@ -533,7 +543,7 @@ def simulate_job_dir(job_dir: Path, job_id: str, timeout_s: float, on_tick=None)
         code = evaluator.finish()
         if code != 0:  # the job's records stand; its accuracy is missing, and the reason says why
             why = "ended at its time limit" if code is None else f"exited {code}: {_last_line(job_dir / 'evaluator.log')}"
-            outcome.reason = "; ".join(filter(None, [outcome.reason, f"the evaluator {why}"]))
+            outcome.reason = "; ".join(filter(None, [outcome.reason, f"{EVALUATOR_FAILED}{why}"]))
     except BaseException:
         stop_processes([proc])
         evaluator.stop()

@@ -49,7 +49,7 @@ from .auto_dilation import auto_time_dilation, measure_step_s
 from .byo import failure_lines
 from .environment import environment
 from .faults import compile_actions
-from .jobs import JobOutcome, last_records, run_job, run_sim_job, write_sim_job_record
+from .jobs import JobOutcome, evaluation_failed, last_records, run_job, run_sim_job, write_sim_job_record
 from .jobspec import JobSpec, dilated, job_spec
 from .paths import RUNS_ROOT
 from .results import RunFrames, load_run, summarize, write_summary
@@ -312,8 +312,8 @@ def plan_resume(run_dir, scenario_file: Optional[str] = None, backend_name: Opti
         raise ConfigError(field, f"is {_short(now)} in {source}, {_short(then)} in the run ({where}): "
                           "resume runs the scenario the run was made with", source=source)
     kept, cleared = [], []
-    for job in run.jobs:
-        (kept if job.info.get("status") == "ok" else cleared).append(job)
+    for job in run.jobs:  # an ok job whose evaluator failed has no accuracy: it runs again
+        (kept if job.info.get("status") == "ok" and not evaluation_failed(job.info) else cleared).append(job)
     return ResumePlan(run.path, scenario, environment_backend, sim,
                       frozenset(job.job_id for job in kept), [job.path for job in cleared])
 

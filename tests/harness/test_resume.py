@@ -302,6 +302,26 @@ def test_resuming_a_complete_run_runs_nothing_and_keeps_its_summary(reference):
     assert _job_files(run_dir) == files
 
 
+def test_an_ok_job_whose_evaluator_failed_runs_again_on_resume(reference):
+    """Its ranks ended ok but its evaluator did not (seen: an evaluator that imported a file being
+    edited): no accuracy, so the job is not kept; the resumed run has the uninterrupted summary."""
+    _, run_dir = reference
+    before = _summary(run_dir)
+    job = sorted((run_dir / "jobs").glob("*"))[0]
+    info = json.loads((job / "job.json").read_text())
+    assert info["status"] == "ok"
+    (job / "job.json").write_text(json.dumps({**info, "reason": "the evaluator exited 1: SyntaxError: invalid syntax"}))
+    (job / "eval.jsonl").unlink(missing_ok=True)
+    assert run_module.plan_resume(run_dir).cleared == [job]
+    console = io.StringIO()
+    from rich.console import Console
+
+    run_module.resume_run(run_dir, console=Console(file=console, width=300))
+    assert "resume: 1 job(s) re-run, 3 kept" in console.getvalue()
+    pd.testing.assert_frame_equal(_summary(run_dir), before)
+    assert not run_module.evaluation_failed(json.loads((job / "job.json").read_text()))
+
+
 # --- the host helpers after a SIGKILL of the harness ---------------------------------------------
 
 # The harness's side of a job on an emulated network, reduced to its evaluator: it starts the
