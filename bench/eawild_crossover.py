@@ -14,7 +14,12 @@ every step's compute padded to <ms> milliseconds) and prints, per worker count a
   that never reached the target has no speedup at that point (counted as a miss).
 
     .venv/bin/python bench/eawild_crossover.py results/papers/eawild-sweep/<run> [<run> ...]
-    .venv/bin/python bench/eawild_crossover.py RUN... --csv results/papers/eawild-sweep/crossover.csv
+    .venv/bin/python bench/eawild_crossover.py RUN... --csv results/papers/eawild-sweep/crossover.csv \
+        --figure results/papers/eawild-sweep/crossover.png
+
+``--figure``: EA-wild's speedup over sync (time to target) against compute / sync's communication
+per step (log scale), one line per worker count (median over seeds, min-max bars), the
+crossovers marked.
 """
 
 from __future__ import annotations
@@ -52,8 +57,10 @@ def crossing(points: list[tuple[float, float]]) -> float | None:
     return None
 
 
-def table(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
-    out, lines = [], []
+def table(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str], dict]:
+    """Per (workers, compute point) row, the lines that say each crossover, and the crossovers
+    ({workers: compute / communication where the median speedup crosses 1})."""
+    out, lines, crossings = [], [], {}
     for workers, group in rows.groupby("workers"):
         sync = group[group["algorithm_"] == "sync"].set_index(["compute_ms", "seed"])
         wild = group[group["algorithm_"] == "eawild"].set_index(["compute_ms", "seed"])
@@ -87,6 +94,8 @@ def table(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
                 "acc_delta_pp_min": min(deltas), "acc_delta_pp_max": max(deltas),
             })
         median_cross = crossing(medians)
+        if median_cross:
+            crossings[int(workers)] = median_cross / 1e3 / comm_s
         seed_cross = {seed: crossing(points) for seed, points in per_seed.items()}
         said = ", ".join(f"seed {s}: " + (f"{c:.1f} ms" if c else "none") for s, c in sorted(seed_cross.items()))
         found = [c for c in seed_cross.values() if c]
@@ -95,21 +104,61 @@ def table(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
                      f"{smallest:g} ms compute less that compute); crossover (EA-wild's median speedup = 1) at "
                      + (f"{median_cross:.1f} ms compute = {median_cross / 1e3 / comm_s:.2f} x sync's communication"
                         if median_cross else "none in the sweep") + f"{spread}; per seed: {said}")
-    return pd.DataFrame(out), lines
+    return pd.DataFrame(out), lines, crossings
+
+
+def figure(frame: pd.DataFrame, crossings: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for workers, group in frame.groupby("workers"):
+        group = group.sort_values("compute_over_comm")
+        line = ax.errorbar(group["compute_over_comm"], group["speedup_median"],
+                           yerr=[group["speedup_median"] - group["speedup_min"], group["speedup_max"] - group["speedup_median"]],
+                           marker="o", capsize=3, label=f"{workers} workers")
+        ratio = crossings.get(int(workers))
+        if ratio:
+            ax.axvline(ratio, color=line[0].get_color(), linestyle=":", linewidth=1)
+            ax.annotate(f"{ratio:.2f}", (ratio, 1.0), textcoords="offset points", xytext=(4, 6),
+                        color=line[0].get_color(), fontsize=8)
+    ax.axhline(1.0, color="grey", linewidth=1)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    plain = matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}")
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(plain)
+    ax.set_xticks([0.05, 0.1, 0.2, 0.5, 1.0])
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_xlabel("compute per step / sync's communication per step (log scale)")
+    ax.set_ylabel("EA-wild's speedup over sync, time to target (log)")
+    ax.set_title("EA-wild vs sync: the crossover (median of 3 seeds, min-max)")
+    ax.legend()
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    fig.savefig(path.with_suffix(".svg"))
+    plt.close(fig)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path)
     parser.add_argument("--csv", type=Path)
+    parser.add_argument("--figure", type=Path)
     args = parser.parse_args()
-    frame, lines = table(load(args.runs))
+    frame, lines, crossings = table(load(args.runs))
     with pd.option_context("display.width", 200, "display.max_columns", 30, "display.float_format", "{:.3g}".format):
         print(frame.to_string(index=False))
     for line in lines:
         print(line)
     if args.csv:
         frame.to_csv(args.csv, index=False)
+    if args.figure:
+        figure(frame, crossings, args.figure)
     return 0
 
 

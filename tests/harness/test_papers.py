@@ -120,6 +120,33 @@ def test_the_markdown_row_quotes_the_same_numbers(row):
             assert name in line, f"RESULTS' {row['paper']} row does not name {name}"
 
 
+def test_eawild_crossover_is_recomputed_from_its_evidence():
+    """EA-wild's row quotes its crossovers (compute / sync's communication where EA-wild's median
+    speedup crosses 1, and each seed's) as bench/eawild_crossover.py computes them from the
+    committed summaries."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("eawild_crossover", ROOT / "bench" / "eawild_crossover.py")
+    crossover = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(crossover)
+    runs = [PAPERS_ROOT / "eawild-sweep" / name for name in ("20261126-150917", "20261126-151002")]
+    frame, lines, crossings = crossover.table(crossover.load(runs))
+    line = results_table_row("EA-wild")
+    assert set(crossings) == {4, 16}
+    for workers, ratio in crossings.items():
+        assert f"crossover at {ratio:.2f}x" in line, (workers, ratio)
+    for said in lines:  # "... at 32.1 ms compute = 0.38 x ... (seeds 31.5-34.7 ms)"
+        ms = re.search(r"= 1\) at ([\d.]+) ms compute", said).group(1)
+        seeds = re.search(r"\(seeds ([\d.]+-[\d.]+) ms\)", said).group(1)
+        assert f"({ms} ms, seeds {seeds} ms)" in line, said
+    heavy = frame[frame["compute_ms"] == 100].set_index("workers")
+    for workers, text in ((16, "0.44x, seeds {:.2f}-{:.2f}"), (4, "0.67x, {:.2f}-{:.2f}")):
+        row = heavy.loc[workers]
+        assert f"{row['speedup_median']:.2f}x" == text.split(",")[0]
+        assert text.format(row["speedup_min"], row["speedup_max"]) in line
+        assert row["speedup_max"] < 1  # sync ahead on the compute-heavy side in every seed
+
+
 def test_evidence_stays_small():
     assert evidence_size() < MAX_TOTAL_BYTES
     for job in PAPERS_ROOT.glob("*/*/jobs/*"):
@@ -136,6 +163,9 @@ def test_the_summary_follows_from_the_committed_evals(folder):
     summary = pd.read_csv(folder / "summary.csv")
     jobs = [JobDir(path) for path in sorted((folder / "jobs").iterdir())]
     assert len(jobs) == len(summary)
+    # the step budget: the stated one, else (harness/budget.py `resolved`) the furthest every ok job got
+    last_steps = [max(e["step"] for e in job.evals) + 1 for job in jobs if job.info.get("status") == "ok" and job.evals]
+    budget_steps = stop.get("budget_steps") or (min(last_steps) if last_steps else None)
     times = {}
     for job in jobs:
         info = job.info
@@ -146,7 +176,7 @@ def test_the_summary_follows_from_the_committed_evals(folder):
         evals = pd.DataFrame(job.evals).sort_values("step")
         assert float(evals["accuracy"].iloc[-1]) == pytest.approx(expected["final_accuracy"])
         assert float(evals["accuracy"].max()) == pytest.approx(expected["best_accuracy"])
-        at_budget = accuracy_at(evals, evals["step"] + 1, stop.get("budget_steps"))
+        at_budget = accuracy_at(evals, evals["step"] + 1, budget_steps)
         if pd.isna(expected["accuracy_at_step_budget"]):
             assert at_budget is None
         else:
