@@ -30,7 +30,9 @@ import torch
 from torch import nn
 
 from trainers.algorithms.base import Algorithm, AlgorithmContext, StepResult, flatten
-from trainers.algorithms.diloco_common import OUTER_PRECISIONS, OuterPrecision, launch_average, outer_compressor, outer_step
+from trainers.algorithms.diloco_common import (
+    OUTER_PRECISIONS, OuterPrecision, inner_adamw, launch_average, outer_compressor, outer_step,
+)
 from trainers.config import ConfigError, require_choice, require_float, require_int
 from trainers.snapshots import OutputState
 
@@ -77,11 +79,7 @@ class DiLoCo(Algorithm):
 
     def __init__(self, params: DiLoCoParams, ctx: AlgorithmContext):
         super().__init__(params, ctx)
-        cfg = ctx.optimizer
-        # DiLoCo's inner optimizer is AdamW whatever optimizer.name says.
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=ctx.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
-        )
+        self.optimizer = inner_adamw(self.model, ctx)  # AdamW whatever optimizer.name says
         self.state = DiLoCoState()
         self.global_model: nn.Module | None = None
         self.outer_optimizer: torch.optim.Optimizer | None = None

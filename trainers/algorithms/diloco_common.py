@@ -1,4 +1,5 @@
-"""The outer step shared by `diloco` and `streaming_diloco`: average a pseudo-gradient over the
+"""The inner optimizer and outer step shared by the DiLoCo family (`diloco`, `streaming_diloco`,
+`sparseloco`, `hierarchical_diloco`): AdamW inside; average a pseudo-gradient over the
 ranks at an outer precision, then step the outer optimizer on the global parameters with it.
 
 Outer precisions (``outer_precision``):
@@ -26,6 +27,13 @@ from trainers.compression import Compressor, build_compressor
 
 OuterPrecision = Literal["fp32", "bf16", "int8", "int4"]
 OUTER_PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "int8", "int4")
+
+
+def inner_adamw(model: torch.nn.Module, ctx: Any) -> torch.optim.AdamW:
+    """DiLoCo's inner optimizer: AdamW whatever the config's optimizer.name says, at the job's lr
+    with the config's betas and weight decay (``ctx``: the algorithm's AlgorithmContext)."""
+    cfg = ctx.optimizer
+    return torch.optim.AdamW(model.parameters(), lr=ctx.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
 
 
 def outer_compressor(precision: str) -> Optional[Compressor]:

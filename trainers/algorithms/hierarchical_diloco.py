@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from trainers.algorithms.base import Algorithm, AlgorithmContext, StepResult, flatten, unflatten_into
+from trainers.algorithms.diloco_common import inner_adamw
 from trainers.config import ConfigError, require_float, require_int
 from trainers.snapshots import OutputState
 
@@ -92,10 +93,7 @@ class HierarchicalDiLoCo(Algorithm):
 
     def __init__(self, params: HierarchicalDiLoCoParams, ctx: AlgorithmContext):
         super().__init__(params, ctx)
-        cfg = ctx.optimizer
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=ctx.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
-        )
+        self.optimizer = inner_adamw(self.model, ctx)  # AdamW whatever optimizer.name says
         world, rank = ctx.comm.world_size, ctx.comm.rank
         sizes = params.region_sizes or [world]
         if sum(sizes) != world:

@@ -51,6 +51,7 @@ import torch
 from torch import nn
 
 from trainers.algorithms.base import Algorithm, AlgorithmContext, StepResult, flatten, unflatten_into
+from trainers.algorithms.diloco_common import inner_adamw
 from trainers.compression import ChunkedTopK, ChunkedTopKParams
 from trainers.config import ConfigError, require_float, require_int
 from trainers.snapshots import OutputState
@@ -107,11 +108,7 @@ class SparseLoCo(Algorithm):
 
     def __init__(self, params: SparseLoCoParams, ctx: AlgorithmContext):
         super().__init__(params, ctx)
-        cfg = ctx.optimizer
-        # Inner AdamW whatever optimizer.name says (as `diloco`).
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=ctx.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
-        )
+        self.optimizer = inner_adamw(self.model, ctx)  # AdamW whatever optimizer.name says
         self.code = ChunkedTopK(ChunkedTopKParams(params.chunk_size, params.ratio, params.bits))
         self.state = SparseLoCoState()
         self.global_model: nn.Module | None = None

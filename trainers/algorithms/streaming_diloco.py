@@ -55,7 +55,9 @@ import torch
 from torch import nn
 
 from trainers.algorithms.base import Algorithm, AlgorithmContext, StepResult, flatten
-from trainers.algorithms.diloco_common import OUTER_PRECISIONS, OuterPrecision, launch_average, outer_compressor, outer_step
+from trainers.algorithms.diloco_common import (
+    OUTER_PRECISIONS, OuterPrecision, inner_adamw, launch_average, outer_compressor, outer_step,
+)
 from trainers.comm import Work
 from trainers.config import ConfigError, require_choice, require_float, require_int
 from trainers.snapshots import OutputState
@@ -140,11 +142,7 @@ class StreamingDiLoCo(Algorithm):
 
     def __init__(self, params: StreamingDiLoCoParams, ctx: AlgorithmContext):
         super().__init__(params, ctx)
-        cfg = ctx.optimizer
-        # As diloco: the inner optimizer is AdamW whatever optimizer.name says.
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=ctx.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
-        )
+        self.optimizer = inner_adamw(self.model, ctx)  # AdamW whatever optimizer.name says
         local = list(self.model.parameters())
         self.fragment_ranges = split_fragments([p.numel() for p in local], params.fragments)
         self.state = StreamingDiLoCoState(syncs=[0] * params.fragments)
