@@ -26,6 +26,7 @@ class Clock(Protocol):
     def monotonic(self) -> float: ...
     def time(self) -> float: ...
     def sleep(self, seconds: float) -> None: ...
+    def pad(self, seconds: float) -> None: ...
     def compute_done(self, started: float) -> float: ...
     def step_done(self) -> None: ...
     def training_starts(self) -> None: ...
@@ -39,6 +40,8 @@ class WallClock:
     monotonic = staticmethod(_time.monotonic)
     time = staticmethod(_time.time)
     sleep = staticmethod(_time.sleep)
+    # a layer's pad: a sleep, which the wall clock's compute_done (time since started) counts
+    pad = staticmethod(_time.sleep)
 
     def compute_done(self, started: float) -> float:
         return _time.perf_counter() - started
@@ -82,6 +85,13 @@ def wall_time() -> float:
 
 def sleep(seconds: float) -> None:
     _clock.sleep(seconds)
+
+
+def pad(seconds: float) -> None:
+    """Sleep as compute: a layer padded to its compute profile's share (trainers/padding.py).
+    Counted by :func:`compute_done` as the forward + backward's time, so a step's own pad
+    (``Algorithm.pad_compute``) tops up only what the layers did not reach."""
+    _clock.pad(seconds)
 
 
 def compute_done(started: float) -> float:

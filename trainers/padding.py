@@ -143,5 +143,5 @@ class LayerPadding:
     def _sleep_until(self, deadline: float) -> None:
         left = deadline - clock.perf_counter()
         if left > 0:
-            clock.sleep(left)
+            clock.pad(left)
             self.padded_s += left

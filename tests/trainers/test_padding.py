@@ -26,6 +26,8 @@ class FakeClock:
     def sleep(self, seconds):
         self.now += seconds
 
+    pad = sleep  # a layer's pad: counted by compute_done (the time since the pass started)
+
     def compute_done(self, started):
         return self.now - started
 

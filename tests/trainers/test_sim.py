@@ -96,6 +96,25 @@ def config(tmp_path, name, **changes):
     return load_config(merge(BASE_CONFIG, {**changes, "output_dir": str(tmp_path / name)}))
 
 
+@pytest.mark.parametrize("pad_layers", [False, True])
+def test_a_profile_pads_each_step_once_whether_after_backward_or_over_the_layers(tmp_path, pad_layers):
+    """min_compute_s 0.05 over a 10 ms compute model. Over the layers (pad_layers), the one bucket
+    is ready only at the end of backward: the step is the profile's 50 ms, then the whole
+    exchange, then the overhead (the layers' pads count as compute: the step's own pad adds
+    nothing; it once added them again, 90 ms). After backward (the default), the exchange runs
+    during the pad: the step is 10 ms of compute, then the longer of the pad's 40 ms and the
+    exchange."""
+    name = f"pad{int(pad_layers)}"
+    cfg = config(tmp_path, name, steps=12, min_compute_s=0.05, pad_layers=pad_layers)
+    run_simulated(cfg, 2, network(2, 0.05, 125e6), ComputeModel(0.010, 0.002))
+    steps = records(tmp_path / name, 0, "step")
+    nbytes = 4 * sum(p.numel() for p in torch.nn.Linear(64, 32).parameters()) + 4 * (32 * 10 + 10)
+    exchange = 2 * 0.05 + nbytes / 125e6
+    per_step = (steps[-1]["time_s"] - steps[1]["time_s"]) / (len(steps) - 2)
+    expected = 0.05 + exchange + 0.002 if pad_layers else 0.010 + max(0.040, exchange) + 0.002
+    assert per_step == pytest.approx(expected, rel=0.02)
+
+
 def test_sync_step_is_compute_plus_the_exchange(tmp_path):
     cfg = config(tmp_path, "sync", steps=12)
     run_simulated(cfg, 2, network(2, 0.05, 125e6), ComputeModel(0.010, 0.002))

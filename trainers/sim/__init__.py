@@ -62,6 +62,7 @@ class SimClock:
         self.sim = sim
         self.epoch_unix = epoch_unix
         self._charged: dict[int, float] = {}  # rank -> compute already charged this forward+backward
+        self._padded: dict[int, float] = {}   # rank -> layers' pads (``pad``) this forward+backward
 
     def perf_counter(self) -> float:
         self.sim.settle()
@@ -76,19 +77,30 @@ class SimClock:
     def sleep(self, seconds: float) -> None:
         self.sim.sleep(seconds)
 
+    def pad(self, seconds: float) -> None:
+        """A layer's pad (``pad_layers``): virtual time that ``compute_done`` counts as compute,
+        as the wall clock's does (its compute is the time since the pass started)."""
+        rank = self.sim.rank
+        self._padded[rank] = self._padded.get(rank, 0.0) + seconds
+        self.sim.sleep(seconds)
+
     def forget(self, rank: int) -> None:
         """A rank's process was replaced: what its killed predecessor charged is no one's."""
         self._charged.pop(rank, None)
+        self._padded.pop(rank, None)
 
     def compute_s(self, rank: int) -> float:
         """``rank``'s forward + backward time by the compute model (s), its straggler factor applied."""
         return self.sim.compute.forward_backward_s * self.sim.compute_factor.get(rank, 1.0)
 
     def compute_done(self, started: float) -> float:
+        """The forward + backward's compute: the model's (what is left of it charged now) plus
+        the layers' pads. Without counting the pads, a step's own pad to ``min_compute_s`` would
+        be added on top of them (the step charged twice its profile)."""
         rank = self.sim.rank
         total = self.compute_s(rank)
         self.sim.sleep(total - self._charged.pop(rank, 0.0))
-        return total
+        return total + self._padded.pop(rank, 0.0)
 
     def step_done(self) -> None:
         overhead = self.sim.compute.step_overhead_s * self.sim.compute_factor.get(self.sim.rank, 1.0)
