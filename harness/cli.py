@@ -403,7 +403,11 @@ def cmd_status(args) -> int:
 
 
 def cmd_clean(args) -> int:
+    from .paths import RUNS_ROOT
+    from .run import remove_orphaned_partials
     removed = clean_mod.clean(prefix())
+    runs_root = Path(args.output) if args.output else RUNS_ROOT
+    removed += [f"run folder {path}" for path in remove_orphaned_partials(runs_root)]
     stderr_console().print(f"clean: removed {len(removed)} object(s)" + (": " + ", ".join(removed) if removed else ""))
     return 0
 
@@ -596,6 +600,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("clean", help="remove anything with our prefix that a crash left behind")
+    p.add_argument("--output", help="runs folder whose orphaned hidden run folders to remove (default results/runs)")
     p.set_defaults(func=cmd_clean)
     return parser
 

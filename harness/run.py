@@ -148,7 +148,7 @@ def run_scenario(scenario: Scenario, backend_name: str, runs_root: Path = RUNS_R
             raise FileExistsError(f"{run_dir}: a run of this second exists already")
         # Made under a hidden name and renamed: a run folder always holds its scenario and environment
         # (a kill before the rename leaves only the hidden folder, with no job in it).
-        partial = run_dir.with_name(f".{run_id}.partial")
+        partial = run_dir.with_name(f".{run_id}{PARTIAL_SUFFIX}")
         partial.mkdir(parents=True)
         write_json_atomic(partial / SCENARIO_FILE, scenario_record(scenario, sim))
         where = environment(SIM_BACKEND if sim else backend_cls.name)
@@ -157,6 +157,26 @@ def run_scenario(scenario: Scenario, backend_name: str, runs_root: Path = RUNS_R
         write_json_atomic(partial / "environment.json", where)
         partial.rename(run_dir)
         return _run_in(run_dir, scenario, backend_cls, console, sim, jobs=jobs, cluster=client)
+
+
+PARTIAL_SUFFIX = ".partial"
+ORPHANED_AFTER_S = 60.0   # a live run renames its hidden folder within milliseconds of making it
+
+
+def remove_orphaned_partials(runs_root: Path = RUNS_ROOT, older_than_s: float = ORPHANED_AFTER_S) -> list[Path]:
+    """Remove the hidden `<scenario>/.<run-id>.partial` folders left by runs killed before their rename
+    (they hold at most the scenario and environment files, never a job); returns what was removed.
+    One younger than `older_than_s` may belong to a run starting now and is kept."""
+    removed = []
+    now = time.time()
+    for folder in sorted(Path(runs_root).glob(f"*/.*{PARTIAL_SUFFIX}")):
+        try:
+            if folder.is_dir() and not folder.is_symlink() and now - folder.stat().st_mtime > older_than_s:
+                shutil.rmtree(folder)
+                removed.append(folder)
+        except FileNotFoundError:  # renamed or removed meanwhile by its own run
+            continue
+    return removed
 
 
 def refuse_cluster(backend_name: str, cluster: Optional[str]) -> None:

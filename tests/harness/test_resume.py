@@ -407,3 +407,24 @@ def test_clean_ends_a_recorded_helper_and_only_the_process_recorded(test_prefix,
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def test_clean_removes_a_killed_runs_hidden_folder_and_keeps_a_starting_one(tmp_path, capsys, monkeypatch):
+    """A run killed between its hidden folder and the rename leaves `.<id>.partial`; `wanbench clean
+    --output` removes it once it is older than a start could take, and leaves run folders and a
+    hidden folder made just now (a run starting) alone."""
+    monkeypatch.setattr("emulator.clean.clean", lambda prefix: [])  # no namespaces in this test
+    scenario_dir = tmp_path / "runs" / "quick"
+    orphan = scenario_dir / ".20261126-100000.partial"
+    starting = scenario_dir / ".20261126-100500.partial"
+    finished = scenario_dir / "20261126-090000"
+    for folder in (orphan, starting, finished):
+        folder.mkdir(parents=True)
+        (folder / "scenario.json").write_text("{}")
+    old = time.time() - 2 * run_module.ORPHANED_AFTER_S
+    os.utime(orphan, (old, old))
+    os.utime(finished, (old, old))
+    assert cli.main(["clean", "--output", str(tmp_path / "runs")]) == 0
+    assert not orphan.exists() and starting.is_dir() and finished.is_dir()
+    assert f"run folder {orphan}" in capsys.readouterr().err.replace("\n", "")
+    assert run_module.remove_orphaned_partials(tmp_path / "runs") == []  # idempotent
