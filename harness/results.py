@@ -43,7 +43,7 @@ SUMMARY_COLUMNS = [
     "server_wire_bytes_per_node", "transport", "tuned", "sweep_best", "compute_s_per_step",
     "compute_comm_ratio", "time_dilation", "backend", "workload", "data_source", "wall_s",
     "congestion_control", "compute_utilisation", "mean_bandwidth_per_node_bit_s",
-    "peak_bandwidth_per_node_bit_s", "stand_in_parameters", "wire_scale",
+    "peak_bandwidth_per_node_bit_s", "stand_in_parameters", "wire_scale", "workload_without_lr",
 ]
 
 # The columns people read first: the terminal table and the report's markdown table (every column
@@ -115,12 +115,18 @@ METRICS = {
     "wire_scale": "what every real message was charged times on the simulated network (the stand-in's "
                   "bytes over the real model's fp32 bytes; bytes_sent_per_node / wire_scale is what the real "
                   "model sent; CSV).",
+    "workload_without_lr": "the workload's hash without its learning-rate settings (lr, lr_schedule, the "
+                           "optimizer's momentum and weight decay): where no sync job shares a job's "
+                           "exact workload (an algorithm at its own lr), the sync sharing this one is "
+                           "its reference (CSV).",
     "data_source": "what the job trained on, from its ranks' data records: a dataset's files, or the "
                    "generator and its seed (a cifar10 job that fell back to generated images says so; CSV).",
 }
 
 # Trainer settings that do not make a different workload (what is compared, not what it runs on).
 NOT_WORKLOAD_KEYS = ("algorithm", "seed", "output_dir", "comm")
+# The learning-rate settings: an algorithm's own hyperparameters, tuned per algorithm.
+LR_KEYS = ("lr", "lr_schedule", "optimizer.momentum", "optimizer.weight_decay")
 
 
 def workload_key(config: Optional[dict], tuned: Iterable[str] = ()) -> str:
@@ -335,6 +341,7 @@ def _load_job(job_dir: JobDir, run_backend: Optional[str]) -> _JobRows:
             "nodes": info.get("nodes")}
     base["network"] = job_dir.network_key
     base["workload"] = workload_key(job_dir.config, tuned=(info.get("tuned") or {}).keys())
+    base["workload_without_lr"] = workload_key(job_dir.config, tuned=LR_KEYS)
     job = {**base, "status": info.get("status"), "wall_s": info.get("wall_s"),
            "reason": info.get("reason", ""), "wire": job_dir.wire_bytes_by_rank,
            "server_ranks": list((info.get("params") or {}).get("server_ranks") or []),
@@ -601,8 +608,8 @@ def _job_row(job: dict, ev: pd.DataFrame, st: pd.DataFrame, frames: RunFrames,
     """One job's summary row (before the comparisons with sync), and the median blocked time of
     its workers' steps (None when not measured): what the comparisons of other jobs with it need."""
     row = {key: job.get(key) for key in ("network", "delay_scale", "rate", "nodes", "algorithm",
-                                         "label", "seed", "status", "workload", "backend", "wall_s",
-                                         "congestion_control")}
+                                         "label", "seed", "status", "workload", "workload_without_lr",
+                                         "backend", "wall_s", "congestion_control")}
     median_blocked = None
     if len(ev):
         ev = ev.sort_values("step")
@@ -728,7 +735,9 @@ def independent_training(row) -> bool:
 
 def sync_reference(table: pd.DataFrame, row, among: Optional[pd.Series] = None) -> Optional[pd.Series]:
     """The sync job `row` is compared with: same network point and seed, and the same workload
-    where sync ran on several (else the first, as for sync variants of one workload); None when
+    where sync ran on several (else the same workload but for the learning-rate settings, as for
+    an algorithm at its own lr beside sync at sync's; else the first, as for sync variants of one
+    workload); None when
     there is no sync job there. Every comparison with sync goes through here. Under a tuning
     protocol (a `phase` column), within the row's phase: a reported job against the reported
     sync (at sync's pick), a tuning candidate against sync's candidate of the same workload.
@@ -745,9 +754,12 @@ def sync_reference(table: pd.DataFrame, row, among: Optional[pd.Series] = None) 
     if among is not None:
         chosen &= among
     candidates = table[chosen]
-    if len(candidates) > 1 and "workload" in table:
-        same = candidates[candidates["workload"] == row.get("workload")]
-        candidates = same if len(same) else candidates
+    for key in ("workload", "workload_without_lr"):
+        if len(candidates) > 1 and key in table:
+            same = candidates[candidates[key] == row.get(key)]
+            if len(same):
+                candidates = same
+                break
     return candidates.iloc[0] if len(candidates) else None
 
 

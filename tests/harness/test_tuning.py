@@ -343,3 +343,27 @@ def test_each_reported_job_is_compared_with_sync_of_its_own_workload_at_syncs_pi
          "workload": workload_key({**heavy, "lr": 0.1}, tuned=["lr"])},
     ])
     assert sync_reference(rows, rows.iloc[2])["label"] == "sync-heavy"
+
+
+def test_a_job_at_its_own_written_lr_is_compared_with_sync_of_its_workload():
+    """Picks written into each label's workload (no tuning phase in this run: nothing is marked
+    tuned): eawild-c20 at lr 0.1 shares no exact workload with a sync (lr 0.05); its reference is
+    sync-c20 (the same compute pad), found by the workload without its lr settings, not the first
+    sync (sync-c5). With a sync of the exact workload present, that one wins."""
+    from harness.results import LR_KEYS, sync_reference, workload_key
+
+    def config(ms, lr, momentum=0.9):
+        return {"lr": lr, "min_compute_s": ms / 1000, "optimizer": {"name": "sgd", "momentum": momentum}}
+
+    def row(algorithm, label, cfg):
+        return {"algorithm": algorithm, "label": label, "network": "d1", "seed": 1,
+                "workload": workload_key(cfg), "workload_without_lr": workload_key(cfg, tuned=LR_KEYS)}
+
+    rows = pd.DataFrame([row("sync", "sync-c5", config(5, 0.05)), row("sync", "sync-c20", config(20, 0.05)),
+                         row("eawild", "eawild-c20", config(20, 0.1, momentum=0.5))])
+    assert sync_reference(rows, rows.iloc[2])["label"] == "sync-c20"
+    exact = pd.concat([rows, pd.DataFrame([row("sync", "sync-c20-lr0.1", config(20, 0.1, momentum=0.5))])],
+                      ignore_index=True)
+    assert sync_reference(exact, exact.iloc[2])["label"] == "sync-c20-lr0.1"
+    legacy = rows.drop(columns=["workload_without_lr"])  # a summary from before the column: the first sync
+    assert sync_reference(legacy, legacy.iloc[2])["label"] == "sync-c5"
