@@ -9,6 +9,10 @@ every step's compute padded to <ms> milliseconds) and prints, per worker count a
   workers and batch) as EA-wild minus sync in points;
 * sync's communication per step, measured: sync's step time at the smallest compute point minus
   that compute (its all-reduce, hardly hidden there), and the ratio compute / that time;
+* where the controls ran at that compute point (labels ``localsgd-c<ms>``: local SGD at EA-wild's
+  period, ``localonly-c<ms>``: train apart and average once), each one's median speedup over
+  sync (0 for a seed that missed the target), seeds that reached it, and its accuracy at the
+  step budget minus sync's, in points;
 * the crossover: where EA-wild's speedup crosses 1, interpolated linearly in log(compute) between
   the two compute points around it, for the median and for each seed (their spread). A seed
   that never reached the target has no speedup at that point (counted as a miss).
@@ -32,7 +36,8 @@ from pathlib import Path
 
 import pandas as pd
 
-LABEL = re.compile(r"^(sync|eawild)-c(\d+)$")
+LABEL = re.compile(r"^(sync|eawild|localsgd|localonly)-c(\d+)$")
+CONTROLS = ("localsgd", "localonly")   # local SGD at EA-wild's period; train apart, average once
 
 
 def load(run_dirs: list[Path]) -> pd.DataFrame:
@@ -64,6 +69,7 @@ def table(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str], dict]:
     for workers, group in rows.groupby("workers"):
         sync = group[group["algorithm_"] == "sync"].set_index(["compute_ms", "seed"])
         wild = group[group["algorithm_"] == "eawild"].set_index(["compute_ms", "seed"])
+        controls = {name: group[group["algorithm_"] == name].set_index(["compute_ms", "seed"]) for name in CONTROLS}
         smallest = sync.index.get_level_values(0).min()
         at_smallest = sync.loc[smallest]
         comm_s = float((1.0 / at_smallest["steps_per_s"] - smallest / 1e3).median())
@@ -81,7 +87,19 @@ def table(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str], dict]:
                       for s in seeds]
             median = float(pd.Series(speedups).median())
             medians.append((compute, median))
-            out.append({
+            against = {}
+            for name, control in controls.items():  # each control's speedup over sync and accuracy, same seeds
+                if compute not in control.index.get_level_values(0):
+                    continue
+                ran = [seed for seed in seeds if (compute, seed) in control.index]
+                ratios = [sync.loc[(compute, seed)]["time_to_target_s"] / control.loc[(compute, seed)]["time_to_target_s"]
+                          if pd.notna(control.loc[(compute, seed)]["time_to_target_s"]) else 0.0 for seed in ran]
+                gaps = [(control.loc[(compute, seed)]["accuracy_at_step_budget"]
+                         - sync.loc[(compute, seed)]["accuracy_at_step_budget"]) * 100 for seed in ran]
+                against[f"{name}_speedup_median"] = float(pd.Series(ratios).median())
+                against[f"{name}_reached"] = int(sum(r > 0 for r in ratios))
+                against[f"{name}_acc_delta_pp_median"] = float(pd.Series(gaps).median())
+            out.append({**against,
                 "workers": int(workers), "compute_ms": compute, "seeds": len(seeds),
                 "compute_over_comm": compute / 1e3 / comm_s,
                 "sync_time_to_target_s": float(sync.loc[compute]["time_to_target_s"].median()),
@@ -104,7 +122,9 @@ def table(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str], dict]:
                      f"{smallest:g} ms compute less that compute); crossover (EA-wild's median speedup = 1) at "
                      + (f"{median_cross:.1f} ms compute = {median_cross / 1e3 / comm_s:.2f} x sync's communication"
                         if median_cross else "none in the sweep") + f"{spread}; per seed: {said}")
-    return pd.DataFrame(out), lines, crossings
+    frame = pd.DataFrame(out)
+    first = [c for c in frame.columns if not c.startswith(CONTROLS)]
+    return frame[first + [c for c in frame.columns if c.startswith(CONTROLS)]], lines, crossings
 
 
 def figure(frame: pd.DataFrame, crossings: dict, path: Path) -> None:
