@@ -65,6 +65,7 @@ class _Connection:
     sock: socket.socket
     outbox: "queue.Queue" = field(default_factory=queue.Queue)
     closed: bool = False
+    threads: list = field(default_factory=list)  # its reader and sender, joined by shutdown
 
 
 @dataclass
@@ -361,6 +362,13 @@ class TcpComm(StarCollectives):
         for connection in connections:
             _close(connection)
         self._listener.close()
+        # Their threads end on the closed sockets; joined (bounded) so that none is still inside
+        # torch when the interpreter exits (a daemon thread in C++ code at exit can abort it).
+        deadline = time.monotonic() + 5.0
+        for connection in connections:
+            for thread in connection.threads:
+                if thread is not threading.current_thread():
+                    thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
     # -- internals -------------------------------------------------------------------------------
 
@@ -452,10 +460,11 @@ class TcpComm(StarCollectives):
             peer.generation, peer.ready, peer.admit = generation, False, None
             peer.why = "is connected"
             self._lock.notify_all()
-        threading.Thread(target=self._read_loop, args=(peer, connection), name=f"tcpcomm-read-{rank}",
-                         daemon=True).start()
-        threading.Thread(target=self._send_loop, args=(peer, connection), name=f"tcpcomm-send-{rank}",
-                         daemon=True).start()
+        connection.threads = [
+            threading.Thread(target=self._read_loop, args=(peer, connection), name=f"tcpcomm-read-{rank}", daemon=True),
+            threading.Thread(target=self._send_loop, args=(peer, connection), name=f"tcpcomm-send-{rank}", daemon=True)]
+        for thread in connection.threads:
+            thread.start()
         return peer
 
     def _read_loop(self, peer: _Peer, connection: _Connection) -> None:
