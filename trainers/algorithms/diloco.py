@@ -22,19 +22,17 @@ theta_g (its inner AdamW state starts afresh).
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Literal
 
-import torch
 from torch import nn
 
-from trainers.algorithms.base import Algorithm, AlgorithmContext, StepResult, flatten
+from trainers.algorithms.base import AlgorithmContext, StepResult
 from trainers.algorithms.diloco_common import (
-    OUTER_PRECISIONS, OuterPrecision, inner_adamw, launch_average, outer_compressor, outer_step,
+    OUTER_PRECISIONS, GlobalModelAlgorithm, OuterPrecision, check_outer_sgd, float_buffers, launch_average,
+    outer_compressor, outer_step, pseudo_gradient,
 )
-from trainers.config import ConfigError, require_choice, require_float, require_int
-from trainers.snapshots import OutputState
+from trainers.config import require_choice, require_int
 
 
 @dataclass
@@ -55,11 +53,8 @@ class DiLoCoParams:
     def __post_init__(self) -> None:
         require_int("H", self.H, minimum=1)
         require_choice("outer_precision", self.outer_precision, OUTER_PRECISIONS)
-        require_float("outer_lr", self.outer_lr, minimum=0.0, min_exclusive=True)
-        require_float("outer_momentum", self.outer_momentum, minimum=0.0, maximum=1.0)
+        check_outer_sgd(self.outer_lr, self.outer_momentum, self.nesterov)
         require_choice("collective", self.collective, ("allreduce", "ring"))
-        if self.nesterov and self.outer_momentum == 0.0:
-            raise ConfigError("nesterov", "needs outer_momentum > 0")
 
 
 @dataclass
@@ -70,7 +65,7 @@ class DiLoCoState:
     rounds: int = 0
 
 
-class DiLoCo(Algorithm):
+class DiLoCo(GlobalModelAlgorithm):
     """Inner AdamW on the local replica, outer Nesterov SGD on the averaged pseudo-gradient."""
 
     name = "diloco"
@@ -79,21 +74,8 @@ class DiLoCo(Algorithm):
 
     def __init__(self, params: DiLoCoParams, ctx: AlgorithmContext):
         super().__init__(params, ctx)
-        self.optimizer = inner_adamw(self.model, ctx)  # AdamW whatever optimizer.name says
         self.state = DiLoCoState()
-        self.global_model: nn.Module | None = None
-        self.outer_optimizer: torch.optim.Optimizer | None = None
         self.outer_code = outer_compressor(params.outer_precision)
-
-    def setup(self) -> None:
-        super().setup()
-        self.global_model = copy.deepcopy(self.model)
-        self.outer_optimizer = torch.optim.SGD(
-            self.global_model.parameters(),
-            lr=self.params.outer_lr,
-            momentum=self.params.outer_momentum,
-            nesterov=self.params.nesterov,
-        )
 
     def train_step(self, step: int, batch: tuple) -> StepResult:
         loss = self.forward_backward(batch)
@@ -105,29 +87,15 @@ class DiLoCo(Algorithm):
 
     def _outer_step(self) -> None:
         global_params = list(self.global_model.parameters())
-        local_params = list(self.model.parameters())
-        pseudo_gradient = flatten(global_params) - flatten(local_params)
-        launch_average(self.comm, pseudo_gradient, self.outer_code, self.params.collective).wait()
-        outer_step(global_params, pseudo_gradient, self.outer_optimizer)
+        delta = pseudo_gradient(global_params, list(self.model.parameters()))
+        launch_average(self.comm, delta, self.outer_code, self.params.collective).wait()
+        outer_step(global_params, delta, self.outer_optimizer)
         # BatchNorm statistics are not trained by gradients: average them as they are.
-        local_buffers = [b for b in self.model.buffers() if b.is_floating_point()]
-        self.average_tensors(local_buffers, self.params.collective)
-        with torch.no_grad():
-            for target, source in zip(self.global_model.buffers(), self.model.buffers()):
-                target.copy_(source)
-            for local, global_param in zip(local_params, global_params):
-                local.copy_(global_param)
+        self.average_tensors(float_buffers(self.model), self.params.collective)
+        self.restart_replica()
         self.state.inner_steps = 0
         self.state.rounds += 1
         self.note_sync()
-
-    def output_state(self) -> Optional[OutputState]:
-        """The global model theta_g, written by rank 0 (every rank holds the same one)."""
-        return OutputState("global", self.global_model.state_dict()) if self.comm.rank == 0 else None
-
-    def deployable_model(self) -> nn.Module:
-        """The global model theta_g (identical on every rank, no communication)."""
-        return self.global_model
 
     def rejoin_state(self, deployable: nn.Module) -> dict:
         return {"global": self.global_model.state_dict(), "outer": self.outer_optimizer.state_dict()}

@@ -1,6 +1,8 @@
-"""The inner optimizer and outer step shared by the DiLoCo family (`diloco`, `streaming_diloco`,
-`sparseloco`, `hierarchical_diloco`): AdamW inside; average a pseudo-gradient over the
-ranks at an outer precision, then step the outer optimizer on the global parameters with it.
+"""What the DiLoCo family (`diloco`, `streaming_diloco`, `sparseloco`, `hierarchical_diloco`)
+shares: AdamW inside; the global model theta_g beside the replica with its outer SGD
+(:class:`GlobalModelAlgorithm`, their base class); average a pseudo-gradient over the ranks at an
+outer precision, then step the outer optimizer on the global parameters with it. Each algorithm's
+file keeps what makes it different: its schedule and how its pseudo-gradient is averaged.
 
 Outer precisions (``outer_precision``):
 
@@ -17,13 +19,17 @@ Outer precisions (``outer_precision``):
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Literal, Optional
 
 import torch
+from torch import nn
 
-from trainers.algorithms.base import unflatten_into
+from trainers.algorithms.base import Algorithm, AlgorithmContext, flatten, unflatten_into
 from trainers.comm import Comm, Work
 from trainers.compression import Compressor, build_compressor
+from trainers.config import ConfigError, require_float
+from trainers.snapshots import OutputState
 
 OuterPrecision = Literal["fp32", "bf16", "int8", "int4"]
 OUTER_PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "int8", "int4")
@@ -75,3 +81,84 @@ def outer_step(global_params: list[torch.nn.Parameter], averaged: torch.Tensor,
             param.grad = torch.zeros_like(param)
     unflatten_into(averaged, [p.grad for p in global_params])
     outer_optimizer.step()
+
+
+def check_outer_sgd(outer_lr: float, outer_momentum: float, nesterov: bool) -> None:
+    """Check the outer SGD's settings of a Params dataclass (raises ConfigError naming the field)."""
+    require_float("outer_lr", outer_lr, minimum=0.0, min_exclusive=True)
+    require_float("outer_momentum", outer_momentum, minimum=0.0, maximum=1.0)
+    if nesterov and outer_momentum == 0.0:
+        raise ConfigError("nesterov", "needs outer_momentum > 0")
+
+
+def pseudo_gradient(global_params: list[torch.nn.Parameter], local_params: list[torch.nn.Parameter]) -> torch.Tensor:
+    """theta_g - theta_local, flat (a new buffer): points away from where local training went, so
+    an outer SGD step with it as the gradient moves theta_g towards the replica."""
+    return flatten(global_params) - flatten(local_params)
+
+
+def float_buffers(model: nn.Module) -> list[torch.Tensor]:
+    """The floating-point buffers of ``model`` (BatchNorm statistics), which the family averages as they are."""
+    return [b for b in model.buffers() if b.is_floating_point()]
+
+
+class GlobalModelAlgorithm(Algorithm):
+    """Base of the DiLoCo family: inner AdamW on the local replica (``self.model``) and the global
+    model theta_g (``self.global_model``, a copy made at setup, identical on every rank) stepped by
+    outer SGD (``outer_lr``, ``outer_momentum``, ``nesterov`` from the params).
+
+    A subclass sets ``outer_groups`` to give index runs of the parameters their own outer SGD
+    (`streaming_diloco`'s fragments); by default one SGD takes all of theta_g.
+    """
+
+    def __init__(self, params: Any, ctx: AlgorithmContext):
+        super().__init__(params, ctx)
+        self.optimizer = inner_adamw(self.model, ctx)  # AdamW whatever optimizer.name says
+        self.global_model: nn.Module | None = None
+        self.outer_optimizers: list[torch.optim.Optimizer] = []
+
+    def outer_groups(self) -> list[range]:
+        """Index runs of the parameters (in module order), each stepped by its own outer SGD."""
+        return [range(len(list(self.model.parameters())))]
+
+    def setup(self) -> None:
+        super().setup()
+        self.global_model = copy.deepcopy(self.model)
+        global_params = list(self.global_model.parameters())
+        self.outer_optimizers = [
+            torch.optim.SGD(
+                [global_params[i] for i in indices],
+                lr=self.params.outer_lr,
+                momentum=self.params.outer_momentum,
+                nesterov=self.params.nesterov,
+            )
+            for indices in self.outer_groups()
+        ]
+
+    @property
+    def outer_optimizer(self) -> torch.optim.Optimizer:
+        """The outer SGD of a subclass with one group (all of theta_g)."""
+        (only,) = self.outer_optimizers
+        return only
+
+    def global_buffers_from_replica(self) -> None:
+        """theta_g takes the replica's buffers (averaged by the caller: no gradient trains them)."""
+        with torch.no_grad():
+            for target, source in zip(self.global_model.buffers(), self.model.buffers()):
+                target.copy_(source)
+
+    def restart_replica(self) -> None:
+        """After an outer step: theta_g takes the replica's (averaged) buffers and the replica
+        restarts from theta_g's parameters; the inner optimizer's state is kept."""
+        self.global_buffers_from_replica()
+        with torch.no_grad():
+            for local, global_param in zip(self.model.parameters(), self.global_model.parameters()):
+                local.copy_(global_param)
+
+    def output_state(self) -> Optional[OutputState]:
+        """The global model theta_g, written by rank 0 (every rank holds the same one)."""
+        return OutputState("global", self.global_model.state_dict()) if self.comm.rank == 0 else None
+
+    def deployable_model(self) -> nn.Module:
+        """The global model theta_g as of the last outer step (identical on every rank, no communication)."""
+        return self.global_model

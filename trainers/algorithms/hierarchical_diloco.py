@@ -29,17 +29,17 @@ with the parameters at both levels (as `diloco` averages them at its outer step)
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 from torch import nn
 
-from trainers.algorithms.base import Algorithm, AlgorithmContext, StepResult, flatten, unflatten_into
-from trainers.algorithms.diloco_common import inner_adamw
-from trainers.config import ConfigError, require_float, require_int
-from trainers.snapshots import OutputState
+from trainers.algorithms.base import AlgorithmContext, StepResult, flatten, unflatten_into
+from trainers.algorithms.diloco_common import (
+    GlobalModelAlgorithm, check_outer_sgd, float_buffers, outer_step, pseudo_gradient,
+)
+from trainers.config import ConfigError, require_int
 
 
 @dataclass
@@ -64,10 +64,7 @@ class HierarchicalDiLoCoParams:
         require_int("H_outer", self.H_outer, minimum=1)
         if self.H_outer % self.H_inner:
             raise ConfigError("H_outer", f"must be a multiple of H_inner ({self.H_inner}), got {self.H_outer}")
-        require_float("outer_lr", self.outer_lr, minimum=0.0, min_exclusive=True)
-        require_float("outer_momentum", self.outer_momentum, minimum=0.0, maximum=1.0)
-        if self.nesterov and self.outer_momentum == 0.0:
-            raise ConfigError("nesterov", "needs outer_momentum > 0")
+        check_outer_sgd(self.outer_lr, self.outer_momentum, self.nesterov)
         if self.region_sizes is not None:
             if not isinstance(self.region_sizes, list) or not self.region_sizes:
                 raise ConfigError("region_sizes", f"expected a non-empty list of integers, got {self.region_sizes!r}")
@@ -85,7 +82,7 @@ def region_leaders(region_sizes: list[int]) -> list[int]:
     return leaders
 
 
-class HierarchicalDiLoCo(Algorithm):
+class HierarchicalDiLoCo(GlobalModelAlgorithm):
     """Inner AdamW; replicas averaged inside a region every H_inner steps; DiLoCo's outer step every H_outer."""
 
     name = "hierarchical_diloco"
@@ -93,7 +90,6 @@ class HierarchicalDiLoCo(Algorithm):
 
     def __init__(self, params: HierarchicalDiLoCoParams, ctx: AlgorithmContext):
         super().__init__(params, ctx)
-        self.optimizer = inner_adamw(self.model, ctx)  # AdamW whatever optimizer.name says
         world, rank = ctx.comm.world_size, ctx.comm.rank
         sizes = params.region_sizes or [world]
         if sum(sizes) != world:
@@ -104,16 +100,6 @@ class HierarchicalDiLoCo(Algorithm):
         self.members = list(range(self.leader, self.leader + sizes[self.region]))
         self.inner_steps = 0
         self.rounds = 0
-        self.global_model: nn.Module | None = None
-        self.outer_optimizer: torch.optim.Optimizer | None = None
-
-    def setup(self) -> None:
-        super().setup()
-        self.global_model = copy.deepcopy(self.model)
-        self.outer_optimizer = torch.optim.SGD(
-            self.global_model.parameters(), lr=self.params.outer_lr,
-            momentum=self.params.outer_momentum, nesterov=self.params.nesterov,
-        )
 
     def train_step(self, step: int, batch: tuple) -> StepResult:
         loss = self.forward_backward(batch)
@@ -175,7 +161,7 @@ class HierarchicalDiLoCo(Algorithm):
         return self._region_result(mean, flat)
 
     def _float_state(self, model: nn.Module) -> list[torch.Tensor]:
-        return list(model.parameters()) + [b for b in model.buffers() if b.is_floating_point()]
+        return list(model.parameters()) + float_buffers(model)
 
     def _region_average(self) -> None:
         tensors = self._float_state(self.model)
@@ -186,29 +172,13 @@ class HierarchicalDiLoCo(Algorithm):
     def _outer_step(self) -> None:
         global_params = list(self.global_model.parameters())
         local_params = list(self.model.parameters())
-        buffers = [b for b in self.model.buffers() if b.is_floating_point()]
+        buffers = float_buffers(self.model)
         count = sum(p.numel() for p in local_params)
         # one message: the pseudo-gradient, then the buffers (averaged as they are)
-        vector = torch.cat([flatten(global_params) - flatten(local_params), flatten(buffers)])
+        vector = torch.cat([pseudo_gradient(global_params, local_params), flatten(buffers)])
         mean = self.global_mean(vector)
-        for param in global_params:
-            if param.grad is None:
-                param.grad = torch.zeros_like(param)
-        unflatten_into(mean[:count], [p.grad for p in global_params])
-        self.outer_optimizer.step()
+        outer_step(global_params, mean[:count], self.outer_optimizer)
         unflatten_into(mean[count:], buffers)
-        with torch.no_grad():
-            for target, source in zip(self.global_model.buffers(), self.model.buffers()):
-                target.copy_(source)
-            for local, global_param in zip(local_params, global_params):
-                local.copy_(global_param)
+        self.restart_replica()
         self.rounds += 1
         self.note_sync()
-
-    def output_state(self) -> Optional[OutputState]:
-        """The global model theta_g, written by rank 0 (every rank holds the same one)."""
-        return OutputState("global", self.global_model.state_dict()) if self.comm.rank == 0 else None
-
-    def deployable_model(self) -> nn.Module:
-        """theta_g as of the last outer step (identical on every rank)."""
-        return self.global_model

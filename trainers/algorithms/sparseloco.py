@@ -43,18 +43,17 @@ Not crash tolerant (the all-gather needs every rank).
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
-from torch import nn
 
-from trainers.algorithms.base import Algorithm, AlgorithmContext, StepResult, flatten, unflatten_into
-from trainers.algorithms.diloco_common import inner_adamw
+from trainers.algorithms.base import AlgorithmContext, StepResult
+from trainers.algorithms.diloco_common import (
+    GlobalModelAlgorithm, check_outer_sgd, float_buffers, outer_step, pseudo_gradient,
+)
 from trainers.compression import ChunkedTopK, ChunkedTopKParams
-from trainers.config import ConfigError, require_float, require_int
-from trainers.snapshots import OutputState
+from trainers.config import require_float, require_int
 
 
 @dataclass
@@ -84,10 +83,7 @@ class SparseLoCoParams:
         require_int("H", self.H, minimum=1)
         ChunkedTopKParams(chunk_size=self.chunk_size, ratio=self.ratio, bits=self.bits)
         require_float("error_decay", self.error_decay, minimum=0.0, maximum=1.0)
-        require_float("outer_lr", self.outer_lr, minimum=0.0, min_exclusive=True)
-        require_float("outer_momentum", self.outer_momentum, minimum=0.0, maximum=1.0)
-        if self.nesterov and self.outer_momentum == 0.0:
-            raise ConfigError("nesterov", "needs outer_momentum > 0")
+        check_outer_sgd(self.outer_lr, self.outer_momentum, self.nesterov)
 
 
 @dataclass
@@ -100,7 +96,7 @@ class SparseLoCoState:
     residual: Optional[torch.Tensor] = None
 
 
-class SparseLoCo(Algorithm):
+class SparseLoCo(GlobalModelAlgorithm):
     """DiLoCo's rounds with each pseudo-gradient sent as chunked top-k 2-bit codes, error feedback kept locally."""
 
     name = "sparseloco"
@@ -108,22 +104,11 @@ class SparseLoCo(Algorithm):
 
     def __init__(self, params: SparseLoCoParams, ctx: AlgorithmContext):
         super().__init__(params, ctx)
-        self.optimizer = inner_adamw(self.model, ctx)  # AdamW whatever optimizer.name says
         self.code = ChunkedTopK(ChunkedTopKParams(params.chunk_size, params.ratio, params.bits))
         self.state = SparseLoCoState()
-        self.global_model: nn.Module | None = None
-        self.outer_optimizer: torch.optim.Optimizer | None = None
         # The last round's values, for tests: the pseudo-gradient, what this rank sent (decoded)
         # and the mean applied.
         self.last_round: dict[str, torch.Tensor] = {}
-
-    def setup(self) -> None:
-        super().setup()
-        self.global_model = copy.deepcopy(self.model)
-        self.outer_optimizer = torch.optim.SGD(
-            self.global_model.parameters(), lr=self.params.outer_lr,
-            momentum=self.params.outer_momentum, nesterov=self.params.nesterov,
-        )
 
     def train_step(self, step: int, batch: tuple) -> StepResult:
         loss = self.forward_backward(batch)
@@ -145,27 +130,18 @@ class SparseLoCo(Algorithm):
 
     def _outer_step(self) -> None:
         global_params = list(self.global_model.parameters())
-        local_params = list(self.model.parameters())
-        pseudo_gradient = (flatten(global_params) - flatten(local_params)).to(torch.float32)
-        payload, sent = self.compress(pseudo_gradient)
+        delta = pseudo_gradient(global_params, list(self.model.parameters())).to(torch.float32)
+        payload, sent = self.compress(delta)
         gathered = [torch.empty_like(payload) for _ in range(self.comm.world_size)]
         self.comm.allgather_async(gathered, payload).wait()
-        total = torch.zeros_like(pseudo_gradient)
+        total = torch.zeros_like(delta)
         for rank, received in enumerate(gathered):
             total += sent if rank == self.comm.rank else self.code.decode(received, total.numel(), torch.float32)
         mean = total / self.comm.world_size
-        self.last_round = {"pseudo_gradient": pseudo_gradient, "sent": sent, "mean": mean}
-        for param in global_params:
-            if param.grad is None:
-                param.grad = torch.zeros_like(param)
-        unflatten_into(mean, [p.grad for p in global_params])
-        self.outer_optimizer.step()
-        self.average_tensors([b for b in self.model.buffers() if b.is_floating_point()])
-        with torch.no_grad():
-            for target, source in zip(self.global_model.buffers(), self.model.buffers()):
-                target.copy_(source)
-            for local, global_param in zip(local_params, global_params):
-                local.copy_(global_param)
+        self.last_round = {"pseudo_gradient": delta, "sent": sent, "mean": mean}
+        outer_step(global_params, mean, self.outer_optimizer)
+        self.average_tensors(float_buffers(self.model))
+        self.restart_replica()
         self.state.inner_steps = 0
         self.state.rounds += 1
         self.note_sync()
@@ -173,11 +149,3 @@ class SparseLoCo(Algorithm):
     def payload_bytes(self) -> int:
         """Bytes of one rank's payload per round."""
         return self.code.payload_bytes(sum(p.numel() for p in self.model.parameters()))
-
-    def output_state(self) -> Optional[OutputState]:
-        """The global model theta_g, written by rank 0 (every rank holds the same one)."""
-        return OutputState("global", self.global_model.state_dict()) if self.comm.rank == 0 else None
-
-    def deployable_model(self) -> nn.Module:
-        """The global model theta_g (identical on every rank, no communication)."""
-        return self.global_model

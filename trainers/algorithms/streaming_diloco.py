@@ -47,20 +47,18 @@ With F = 1, tau = 0, alpha = 0 this is DiLoCo step for step (tests/trainers/test
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 from torch import nn
 
-from trainers.algorithms.base import Algorithm, AlgorithmContext, StepResult, flatten
+from trainers.algorithms.base import AlgorithmContext, StepResult
 from trainers.algorithms.diloco_common import (
-    OUTER_PRECISIONS, OuterPrecision, inner_adamw, launch_average, outer_compressor, outer_step,
+    OUTER_PRECISIONS, GlobalModelAlgorithm, OuterPrecision, check_outer_sgd, float_buffers, launch_average,
+    outer_compressor, outer_step, pseudo_gradient,
 )
 from trainers.comm import Work
 from trainers.config import ConfigError, require_choice, require_float, require_int
-from trainers.snapshots import OutputState
 
 
 @dataclass
@@ -88,11 +86,8 @@ class StreamingDiLoCoParams:
             raise ConfigError("fragments", f"must divide H ({self.H}); got {self.fragments}")
         require_int("overlap", self.overlap, minimum=0, maximum=self.H - 1)
         require_float("alpha", self.alpha, minimum=0.0, maximum=1.0)
-        require_float("outer_lr", self.outer_lr, minimum=0.0, min_exclusive=True)
-        require_float("outer_momentum", self.outer_momentum, minimum=0.0, maximum=1.0)
         require_choice("outer_precision", self.outer_precision, OUTER_PRECISIONS)
-        if self.nesterov and self.outer_momentum == 0.0:
-            raise ConfigError("nesterov", "needs outer_momentum > 0")
+        check_outer_sgd(self.outer_lr, self.outer_momentum, self.nesterov)
 
 
 def split_fragments(sizes: list[int], count: int) -> list[range]:
@@ -134,7 +129,7 @@ class StreamingDiLoCoState:
     syncs: list[int] = field(default_factory=list)
 
 
-class StreamingDiLoCo(Algorithm):
+class StreamingDiLoCo(GlobalModelAlgorithm):
     """DiLoCo whose fragments sync at staggered steps, each overlapped with ``overlap`` inner steps."""
 
     name = "streaming_diloco"
@@ -142,31 +137,18 @@ class StreamingDiLoCo(Algorithm):
 
     def __init__(self, params: StreamingDiLoCoParams, ctx: AlgorithmContext):
         super().__init__(params, ctx)
-        self.optimizer = inner_adamw(self.model, ctx)  # AdamW whatever optimizer.name says
         local = list(self.model.parameters())
         self.fragment_ranges = split_fragments([p.numel() for p in local], params.fragments)
         self.state = StreamingDiLoCoState(syncs=[0] * params.fragments)
         self.outer_code = outer_compressor(params.outer_precision)
         self.in_flight: dict[int, _InFlight] = {}
-        self.global_model: nn.Module | None = None
-        self.outer_optimizers: list[torch.optim.Optimizer] = []
         period = params.H // params.fragments
         # fragment p is applied when inner_steps = (p+1) H/F mod H, launched tau steps earlier
         self.launch_phase = [((p + 1) * period - params.overlap) % params.H for p in range(params.fragments)]
 
-    def setup(self) -> None:
-        super().setup()
-        self.global_model = copy.deepcopy(self.model)
-        global_params = list(self.global_model.parameters())
-        self.outer_optimizers = [
-            torch.optim.SGD(
-                [global_params[i] for i in indices],
-                lr=self.params.outer_lr,
-                momentum=self.params.outer_momentum,
-                nesterov=self.params.nesterov,
-            )
-            for indices in self.fragment_ranges
-        ]
+    def outer_groups(self) -> list[range]:
+        """One outer SGD per fragment (torchft accepts one per fragment too)."""
+        return self.fragment_ranges
 
     def fragment_params(self, model: nn.Module, fragment: int) -> list[torch.nn.Parameter]:
         """The parameters of ``fragment`` in ``model`` (the replica or the global model)."""
@@ -191,9 +173,9 @@ class StreamingDiLoCo(Algorithm):
         assert fragment not in self.in_flight, "a fragment is launched again before it was applied"
         global_params = self.fragment_params(self.global_model, fragment)
         local_params = self.fragment_params(self.model, fragment)
-        pseudo_gradient = flatten(global_params) - flatten(local_params)
-        work = launch_average(self.comm, pseudo_gradient, self.outer_code)
-        self.in_flight[fragment] = _InFlight(work, pseudo_gradient, self.state.inner_steps + self.params.overlap)
+        delta = pseudo_gradient(global_params, local_params)
+        work = launch_average(self.comm, delta, self.outer_code)
+        self.in_flight[fragment] = _InFlight(work, delta, self.state.inner_steps + self.params.overlap)
 
     def _apply(self, fragment: int) -> None:
         sync = self.in_flight.pop(fragment)
@@ -213,23 +195,13 @@ class StreamingDiLoCo(Algorithm):
 
     def _average_buffers(self) -> None:
         """BatchNorm statistics are not trained by gradients: averaged as they are (as diloco)."""
-        local_buffers = [b for b in self.model.buffers() if b.is_floating_point()]
+        local_buffers = float_buffers(self.model)
         if not local_buffers:
             return
         self.average_tensors(local_buffers)
-        with torch.no_grad():
-            for target, source in zip(self.global_model.buffers(), self.model.buffers()):
-                target.copy_(source)
+        self.global_buffers_from_replica()
 
     def finish(self) -> None:
         """Wait for the syncs launched in the last ``overlap`` steps and apply them (fragment order)."""
         for fragment in sorted(self.in_flight):
             self._apply(fragment)
-
-    def output_state(self) -> Optional[OutputState]:
-        """The global model, written by rank 0 (every rank holds the same one)."""
-        return OutputState("global", self.global_model.state_dict()) if self.comm.rank == 0 else None
-
-    def deployable_model(self) -> nn.Module:
-        """The global model (identical on every rank, no communication)."""
-        return self.global_model
