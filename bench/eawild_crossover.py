@@ -119,10 +119,13 @@ def table(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str], dict]:
         said = ", ".join(f"seed {s}: " + (f"{c:.1f} ms" if c else "none") for s, c in sorted(seed_cross.items()))
         found = [c for c in seed_cross.values() if c]
         spread = f" (seeds {min(found):.1f}-{max(found):.1f} ms)" if found else ""
+        after = [(c, m) for c, m in sorted(medians) if median_cross and c > median_cross and m > 1]
+        back = (f"; the median is above 1 again at {after[0][0]:g} ms ({after[0][1]:.2f}x): a dip, not a "
+                f"crossover sync stays ahead of" if after else "")
         lines.append(f"{int(workers)} workers: sync's communication per step {comm_s * 1e3:.1f} ms (step at "
                      f"{smallest:g} ms compute less that compute); crossover (EA-wild's median speedup = 1) at "
                      + (f"{median_cross:.1f} ms compute = {median_cross / 1e3 / comm_s:.2f} x sync's communication"
-                        if median_cross else "none in the sweep") + f"{spread}; per seed: {said}")
+                        if median_cross else "none in the sweep") + f"{spread}; per seed: {said}{back}")
     frame = pd.DataFrame(out)
     first = [c for c in frame.columns if not c.startswith(CONTROLS)]
     return frame[first + [c for c in frame.columns if c.startswith(CONTROLS)]], lines, crossings
@@ -139,7 +142,7 @@ def figure(frame: pd.DataFrame, crossings: dict, path: Path) -> None:
         group = group.sort_values("compute_over_comm")
         line = ax.errorbar(group["compute_over_comm"], group["speedup_median"],
                            yerr=[group["speedup_median"] - group["speedup_min"], group["speedup_max"] - group["speedup_median"]],
-                           marker="o", capsize=3, label=f"{workers} workers")
+                           marker="o", capsize=3, label=f"{workers} workers: EA-wild")
         if "localsgd_speedup_median" in group and group["localsgd_speedup_median"].notna().any():
             control = group.dropna(subset=["localsgd_speedup_median"])
             ax.plot(control["compute_over_comm"], control["localsgd_speedup_median"].clip(lower=0.05),
@@ -156,7 +159,7 @@ def figure(frame: pd.DataFrame, crossings: dict, path: Path) -> None:
     plain = matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}")
     ax.yaxis.set_major_formatter(plain)
     ax.yaxis.set_minor_formatter(plain)
-    ax.set_xticks([0.05, 0.1, 0.2, 0.5, 1.0, 2.0])
+    ax.set_xticks([0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0])
     ax.xaxis.set_major_formatter(plain)
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("compute per step / sync's communication per step (log scale)")

@@ -121,30 +121,35 @@ def test_the_markdown_row_quotes_the_same_numbers(row):
 
 
 def test_eawild_crossover_is_recomputed_from_its_evidence():
-    """EA-wild's row quotes its crossovers (compute / sync's communication where EA-wild's median
-    speedup crosses 1, and each seed's) as bench/eawild_crossover.py computes them from the
-    committed summaries."""
+    """EA-wild's row quotes where its median speedup over sync dips to 1 (compute / sync's
+    communication, and each seed's crossing) as bench/eawild_crossover.py computes them from the
+    committed summaries, and its "not met" rests on what they show: at no compute point is sync
+    ahead in every seed (each point's best seed has EA-wild ahead), and the median is above 1 again
+    at 1 s."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("eawild_crossover", ROOT / "bench" / "eawild_crossover.py")
     crossover = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(crossover)
-    runs = [PAPERS_ROOT / "eawild-sweep" / name for name in ("20261126-150917", "20261126-151002")]
+    runs = [PAPERS_ROOT / "eawild-sweep" / name for name in ("20261126-182918", "20261126-184521", "20261126-185917")]
     frame, lines, crossings = crossover.table(crossover.load(runs))
     line = results_table_row("EA-wild")
-    assert set(crossings) == {4, 16}
-    for workers, ratio in crossings.items():
-        assert f"crossover at {ratio:.2f}x" in line, (workers, ratio)
-    for said in lines:  # "... at 32.1 ms compute = 0.38 x ... (seeds 31.5-34.7 ms)"
-        ms = re.search(r"= 1\) at ([\d.]+) ms compute", said).group(1)
-        seeds = re.search(r"\(seeds ([\d.]+-[\d.]+) ms\)", said).group(1)
-        assert f"({ms} ms, seeds {seeds} ms)" in line, said
-    heavy = frame[frame["compute_ms"] == 100].set_index("workers")
-    for workers, text in ((16, "0.44x, seeds {:.2f}-{:.2f}"), (4, "0.67x, {:.2f}-{:.2f}")):
-        row = heavy.loc[workers]
-        assert f"{row['speedup_median']:.2f}x" == text.split(",")[0]
-        assert text.format(row["speedup_min"], row["speedup_max"]) in line
-        assert row["speedup_max"] < 1  # sync ahead on the compute-heavy side in every seed
+    assert set(crossings) == {4}
+    assert f"dips to 1 at {crossings[4]:.2f}x" in line
+    (said,) = lines  # "... at 280.4 ms compute = 3.19 x ... (seeds 254.8-272.4 ms)"
+    ms = re.search(r"= 1\) at ([\d.]+) ms compute", said).group(1)
+    seeds = re.search(r"\(seeds ([\d.]+-[\d.]+) ms\)", said).group(1)
+    assert f"({ms} ms, seeds {seeds} ms" in line, said
+    assert (frame["speedup_max"] > 1).all()  # no point where sync is ahead in every seed
+    points = frame.set_index("compute_ms")
+    assert points.loc[1000, "speedup_median"] > 1 and "is above 1 again at 1 s" in line
+    heavy = points.loc[400]
+    assert f"at 400 ms {heavy['speedup_median']:.2f}x ({heavy['speedup_min']:.2f}-{heavy['speedup_max']:.2f})" in line
+    # the control: local SGD at EA-wild's period ahead of EA-wild from 70 ms on, level (within 5 %)
+    # at 20-50 ms, behind at 5-10 ms, as the row says
+    ratio = points["localsgd_speedup_median"] / points["speedup_median"]
+    assert (ratio.loc[[70, 100, 150, 400, 1000]] > 1.1).all()
+    assert (abs(ratio.loc[[20, 35, 50]] - 1) < 0.05).all() and (ratio.loc[[5, 10]] < 0.8).all()
 
 
 def test_evidence_stays_small():
