@@ -195,10 +195,15 @@ class NodeLimits(BaseModel):
         return int(_bounded(v, MIN_NODE_PIDS, MAX_NODE_PIDS, "pids", repr(v)))
 
 
+def _quoted(value) -> str:
+    """The hint for a number written as a string (``'0'`` in YAML): the value must be a number."""
+    return " (a number: write it without quotes)" if isinstance(value, str) and value.strip().isdigit() else ""
+
+
 def _switch(*allowed: int):
     def check(value) -> str:
         if isinstance(value, bool) or not isinstance(value, int) or value not in allowed:
-            raise ValueError(f"expected one of {', '.join(map(str, allowed))}, got {value!r}")
+            raise ValueError(f"expected one of {', '.join(map(str, allowed))}, got {value!r}{_quoted(value)}")
         return str(value)
     return check
 
@@ -206,7 +211,7 @@ def _switch(*allowed: int):
 def _whole(low: int, high: int):
     def check(value) -> str:
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise ValueError(f"expected a whole number in [{low}, {high}], got {value!r}")
+            raise ValueError(f"expected a whole number in [{low}, {high}], got {value!r}{_quoted(value)}")
         return str(value)
     return check
 

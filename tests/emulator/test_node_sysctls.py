@@ -52,6 +52,7 @@ def test_without_node_sysctls_nothing_changes(write_yaml):
 @pytest.mark.parametrize("sysctls, field, words", [
     ("{net.ipv4.tcp_slow_start_after_idle: 2}", "node_sysctls", "tcp_slow_start_after_idle: expected one of 0, 1"),
     ("{net.ipv4.tcp_slow_start_after_idle: 'no'}", "node_sysctls", "expected one of 0, 1"),
+    ("{net.ipv4.tcp_slow_start_after_idle: '0'}", "node_sysctls", "got '0' (a number: write it without quotes)"),
     ("{kernel.pid_max: 100}", "node_sysctls", "not a per-namespace net.* sysctl"),
     ("{net.core.rmem_max: 100}", "node_sysctls", "not one wanbench knows"),
     ("{net.ipv4.tcp_rmem: 4096 131072}", "node_sysctls", "three sizes"),
