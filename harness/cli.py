@@ -451,7 +451,7 @@ def cmd_evidence(args) -> int:
     if args.every < 1:
         raise ConfigError("", f"must be >= 1, got {args.every}", source="--every")
     made = write_evidence(run_dir, args.figure, Path(args.out) if args.out else PAPERS_ROOT, every=args.every,
-                          command=args.run_command, note=args.note or "")
+                          command=args.run_command, note=args.note or "", name=args.name)
     stderr_console().print(f"evidence: {made.folder} ({made.jobs} jobs, {made.bytes / 1e3:.0f} kB)")
     return 0
 
@@ -568,6 +568,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep every K-th evaluation, plus those the summary's numbers need (default 10)")
     p.add_argument("--run-command", metavar="CMD", help="the command that made the run, for the manifest")
     p.add_argument("--note", help="a sentence for the README (what was reduced, the machine's load)")
+    p.add_argument("--name", help="the folder's name under the figure (default the run id; two runs of one "
+                                  "second need two names)")
     p.set_defaults(func=cmd_evidence)
 
     p = sub.add_parser("regress", help="run scenarios/ci/*.yaml and compare with results/baselines/ (exit 1 on regression)")

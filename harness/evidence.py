@@ -131,8 +131,10 @@ class Evidence:
 
 
 def write_evidence(run_dir, figure: str, papers_root: Path = PAPERS_ROOT, every: int = EVERY_KTH,
-                   command: Optional[str] = None, note: str = "") -> Evidence:
+                   command: Optional[str] = None, note: str = "", name: Optional[str] = None) -> Evidence:
     """Copy a complete run's evidence into `papers_root/<figure>/<run-id>/` (module docstring).
+    Evidence made again from the same run replaces its folder; a folder holding another run's
+    evidence (two runs started in the same second share a run id) is refused: give `name`.
 
     Args:
         run_dir: results/runs/<scenario>/<run-id> (complete, with its summary.csv).
@@ -141,6 +143,7 @@ def write_evidence(run_dir, figure: str, papers_root: Path = PAPERS_ROOT, every:
         every: the thinning's every-k-th evaluation.
         command: the command line that made the run, for the manifest (default: unknown).
         note: a sentence for the README (what was reduced, the machine's load during the run).
+        name: the folder's name under the figure (default the run id).
     """
     run = RunDir(run_dir)
     run.scenario  # noqa: B018 - ConfigError for a folder that is not a run directory
@@ -152,8 +155,15 @@ def write_evidence(run_dir, figure: str, papers_root: Path = PAPERS_ROOT, every:
     missing = [name for name in RUN_FILES if not (run.path / name).is_file()]
     if missing:
         raise ConfigError("", f"missing {', '.join(missing)}", source=str(run_dir))
-    out = Path(papers_root) / figure / run.path.name
+    if name is not None and (not name or not all(c.isalnum() or c in "-_." for c in name) or name.startswith(".")):
+        raise ConfigError("", f"a folder name (letters, digits, '-', '_', '.'), got {name!r}", source="--name")
+    out = Path(papers_root) / figure / (name or run.path.name)
     if out.exists():
+        held = RunDir(out).scenario.get("name") if (out / "scenario.json").is_file() else None
+        if held != run.scenario.get("name"):
+            raise ConfigError("", f"{out} holds the evidence of another run ({held!r}, not "
+                                  f"{run.scenario.get('name')!r}): give the folder another name (--name)",
+                              source=str(run_dir))
         shutil.rmtree(out)
     out.mkdir(parents=True)
     for name in RUN_FILES:

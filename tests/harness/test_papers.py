@@ -150,6 +150,13 @@ def test_eawild_crossover_is_recomputed_from_its_evidence():
     ratio = points["localsgd_speedup_median"] / points["speedup_median"]
     assert (ratio.loc[[70, 100, 150, 400, 1000]] > 1.1).all()
     assert (abs(ratio.loc[[20, 35, 50]] - 1) < 0.05).all() and (ratio.loc[[5, 10]] < 0.8).all()
+    # the dip below 1 is the simulated TCP's window restart after idle: with the window kept
+    # (tcp_slow_start_after_idle 0), EA-wild's median stays above 1 at every heavy point
+    kept = [PAPERS_ROOT / "eawild-sweep" / name for name in ("20261126-200620", "20261126-200620-eawild")]
+    without_restart, _, crossed = crossover.table(crossover.load(kept))
+    assert not crossed and (without_restart["speedup_median"] > 1).all()
+    heavy = without_restart.set_index("compute_ms")["speedup_median"]
+    assert f"with the window kept: {heavy[400]:.2f}x at 400 ms, {heavy[1000]:.2f}x at 1 s" in line
 
 
 def test_evidence_stays_small():
@@ -294,6 +301,30 @@ def test_write_evidence_refuses_a_partial_run_and_a_bad_name(tmp_path):
     with pytest.raises(ConfigError, match="folder name"):
         write_evidence(partial, "../up", tmp_path / "papers")
     assert not (tmp_path / "papers").exists()
+
+
+def test_two_runs_of_one_second_need_two_names(tmp_path):
+    """Two scenarios started in the same second share a run id: the second one's evidence is
+    refused (naming --name) rather than replacing the first's; --name gives it its own folder, and
+    the same run's evidence made again replaces its folder."""
+    from tests.harness.test_report import FakeJob, write_run
+    from harness.results import load_run, summarize, write_summary
+
+    runs = []
+    for name in ("part-a", "part-b"):
+        run_dir = write_run(tmp_path / "runs", [FakeJob("sync", evals={0: 0.5, 2: 0.9})], name=name,
+                            run_id="20261126-200620", target_accuracy=0.8)
+        write_summary(run_dir, summarize(load_run(run_dir)))
+        runs.append(run_dir)
+    first = write_evidence(runs[0], "fig", tmp_path / "papers")
+    with pytest.raises(ConfigError, match="another run .*--name"):
+        write_evidence(runs[1], "fig", tmp_path / "papers")
+    assert json.loads((first.folder / "scenario.json").read_text())["name"] == "part-a"
+    second = write_evidence(runs[1], "fig", tmp_path / "papers", name="20261126-200620-b")
+    assert second.folder.name == "20261126-200620-b" and first.folder.is_dir()
+    assert write_evidence(runs[0], "fig", tmp_path / "papers").folder == first.folder  # made again
+    with pytest.raises(ConfigError, match="folder name"):
+        write_evidence(runs[1], "fig", tmp_path / "papers", name="../x")
 
 
 def test_the_table_row_format_is_what_results_md_prints():
