@@ -130,6 +130,12 @@ class Evidence:
     bytes: int           # everything written
 
 
+def _check_folder_name(value: str, option: str) -> None:
+    """ConfigError naming `option` unless `value` is one plain folder name."""
+    if not value or not all(c.isalnum() or c in "-_." for c in value) or value.startswith("."):
+        raise ConfigError("", f"a folder name (letters, digits, '-', '_', '.'), got {value!r}", source=option)
+
+
 def write_evidence(run_dir, figure: str, papers_root: Path = PAPERS_ROOT, every: int = EVERY_KTH,
                    command: Optional[str] = None, note: str = "", name: Optional[str] = None) -> Evidence:
     """Copy a complete run's evidence into `papers_root/<figure>/<run-id>/` (module docstring).
@@ -147,16 +153,15 @@ def write_evidence(run_dir, figure: str, papers_root: Path = PAPERS_ROOT, every:
     """
     run = RunDir(run_dir)
     run.scenario  # noqa: B018 - ConfigError for a folder that is not a run directory
-    if not figure or not all(c.isalnum() or c in "-_." for c in figure) or figure.startswith("."):
-        raise ConfigError("", f"a folder name (letters, digits, '-', '_', '.'), got {figure!r}", source="--figure")
+    _check_folder_name(figure, "--figure")
     if not run.complete:
         raise ConfigError("", "the run is not complete (no COMPLETE file): no evidence from a partial run",
                           source=str(run_dir))
     missing = [name for name in RUN_FILES if not (run.path / name).is_file()]
     if missing:
         raise ConfigError("", f"missing {', '.join(missing)}", source=str(run_dir))
-    if name is not None and (not name or not all(c.isalnum() or c in "-_." for c in name) or name.startswith(".")):
-        raise ConfigError("", f"a folder name (letters, digits, '-', '_', '.'), got {name!r}", source="--name")
+    if name is not None:
+        _check_folder_name(name, "--name")
     out = Path(papers_root) / figure / (name or run.path.name)
     if out.exists():
         held = RunDir(out).scenario.get("name") if (out / "scenario.json").is_file() else None
