@@ -20,6 +20,11 @@ carries the frame's first MATCH_BYTES bytes (IP header with its ID and checksum,
 and sequence numbers), discarding the entries before it (frames that never reached us). When no
 entry matches (the tap's buffer overflowed, or the filter could not be attached), the frame keeps
 its read time, as before, and the miss is counted.
+
+The kernel stamps nothing until the first socket asks for stamps: `net_enable_timestamp()` switches
+its static key in deferred work (net/core/dev.c, `netstamp_work`), so a frame sent in the first
+moments after the first tap opens carries no stamp, and recvmsg() stamps it then, after our read.
+Such a stamp (later than the read by more than the clocks' disagreement) is a miss, not a stamp.
 """
 
 from __future__ import annotations
@@ -52,6 +57,9 @@ TAP_BUFFER_BYTES = 8 << 20
 MAX_SKIPPED = 256
 # A stamp older than this relative to the read is not believed (a clock step): the read time is used.
 MAX_AGE_NS = 10_000_000_000
+# A stamp later than the read by more than this was made by recvmsg(), not on arrival (see above);
+# within it, the realtime -> monotonic conversion (two clock reads) disagrees by a hair.
+CLOCK_SLACK_NS = 1_000
 _TIMESPEC = struct.Struct("=qq")
 _ANCILLARY_BYTES = socket.CMSG_SPACE(_TIMESPEC.size)
 SAMPLES = 1024
@@ -138,10 +146,10 @@ class ArrivalTap:
                     # realtime -> monotonic; the two reads sit a few hundred ns apart
                     arrival = seconds * 1_000_000_000 + nanoseconds - (time.time_ns() - time.monotonic_ns())
                     wait = read_ns - arrival
+                    if wait < -CLOCK_SLACK_NS or wait > MAX_AGE_NS:
+                        break                        # stamped by recvmsg, or a clock step
                     if wait < 0:
                         arrival, wait = read_ns, 0   # stamps and clocks disagree by a hair
-                    elif wait > MAX_AGE_NS:
-                        break
                     self.stamped += 1
                     self._store(wait)
                     return arrival
