@@ -41,6 +41,9 @@ RUNS = {
         },
     },
     "dts_p2_t3_plain": {**PLAIN, "steps": 24, "eval_every": 24, "algorithm": {"name": "dts", "params": {"p": 2, "t": 3}}},
+    # a cosine schedule ends at lr 0, the step a correction is due (launched at 21, applied at 23)
+    "dts_p2_t2_cosine_plain": {**PLAIN, "steps": 24, "eval_every": 24, "lr_schedule": {"name": "cosine"},
+                               "algorithm": {"name": "dts", "params": {"p": 2, "t": 2}}},
 }
 
 
@@ -141,3 +144,13 @@ def test_dts_replicas_agree_once_every_correction_is_applied(runs):
     # Replicas did train apart between syncs: their losses differ on the same step.
     other = [r["loss"] for r in records(out, 1, "step")]
     assert [r["loss"] for r in steps] != other
+
+
+def test_dts_applies_a_correction_due_at_lr_0(runs):
+    """The last step of a cosine schedule has lr 0: the correction due there cannot pass through the
+    gradient (it is divided by the lr) and is applied to the parameters directly; the replicas
+    still agree once every correction is in (a paper-dts-lm job failed with ZeroDivisionError)."""
+    out = runs["dts_p2_t2_cosine_plain"]
+    steps = records(out, 0, "step")
+    assert steps[-1]["lr"] == 0.0 and steps[-1]["staleness"] == 2
+    assert max_difference(final_state(out, 0), final_state(out, 1)) < 1e-5

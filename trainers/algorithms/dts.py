@@ -92,9 +92,13 @@ class DTS(Algorithm):
             state.accumulated.zero_()
             state.steps_accumulated = 0
         correction, staleness = self._collect_due(step)
-        if correction is not None:
+        if correction is not None and self.lr > 0:
             flat_grad.add_(correction, alpha=1.0 / self.lr)
             unflatten_into(flat_grad, grads)
+        elif correction is not None:
+            # lr 0 (a cosine schedule's last step): nothing passes through the gradient, so the
+            # global update replaces the local one on the parameters, as finish() does
+            self._apply_directly(correction)
         self.optimizer.step()
         return StepResult(loss=loss, staleness=staleness)
 
@@ -113,9 +117,13 @@ class DTS(Algorithm):
         """Apply every synchronisation still in flight directly to the parameters (SGD-style)."""
         correction, _ = self._collect_due(step=-1, all_pending=True)
         if correction is not None:
-            with torch.no_grad():
-                current = flatten(self._trainable)
-                unflatten_into(current - correction, self._trainable)
+            self._apply_directly(correction)
+
+    def _apply_directly(self, correction: torch.Tensor) -> None:
+        """w <- w - (U - U_i): the plain-SGD effect of a correction, without the optimizer."""
+        with torch.no_grad():
+            current = flatten(self._trainable)
+            unflatten_into(current - correction, self._trainable)
 
     def output_state(self) -> OutputState:
         """Every rank's replica (no communication); their mean is the output model."""
