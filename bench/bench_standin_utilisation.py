@@ -219,13 +219,17 @@ def one_point(algorithm: dict, steps: int, parameters: float, step_s: float, rat
             "nodes": len(plan.nodes), "sim_wall_s": wall}
 
 
+def nan_if_none(value: Optional[float]) -> float:
+    return math.nan if value is None else value
+
+
 def threshold_table(table: pd.DataFrame, targets: list[float]) -> pd.DataFrame:
     """Per (parameters, algorithm): the bandwidth (Gbit/s) each target utilisation needs."""
     out = []
     for (size, label), curve in table.groupby(["parameters", "algorithm"], sort=False):
         rows = curve.to_dict("records")
         out.append({"parameters": size, "algorithm": label,
-                    **{f"{t:.0%}": bandwidth_for_utilisation(rows, t) for t in targets}})
+                    **{f"{t:.0%}": nan_if_none(bandwidth_for_utilisation(rows, t)) for t in targets}})
     return pd.DataFrame(out)
 
 
@@ -258,7 +262,7 @@ def plot(table: pd.DataFrame, path: Path, target: float, title: str) -> list[Pat
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel("compute utilisation")
     axes[0][-1].legend(fontsize=7, loc="lower right")
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(title, fontsize=8)
     fig.tight_layout()
     written = []
     for suffix in (".png", ".svg"):
@@ -297,11 +301,21 @@ def main(argv=None) -> int:
     parser.add_argument("--targets", default="0.5,0.8,0.9,0.95,0.99", help="utilisations to report bandwidth for")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--plot", type=Path, default=None, help="write the curves to PATH.png and PATH.svg")
+    parser.add_argument("--from-csv", type=Path, default=None,
+                        help="simulate nothing: read a CSV this script wrote, print its tables, --plot it")
     args = parser.parse_args(argv)
+    targets = [float(x) for x in args.targets.split(",")]
+    if args.from_csv:
+        table = pd.read_csv(args.from_csv)
+        print(threshold_table(table, targets).to_string(index=False, na_rep="not reached",
+                                                        float_format=lambda v: f"{v:.3g}"))
+        if args.plot:
+            for out in plot(table, args.plot, 0.95, f"{args.from_csv.name}; dotted: arXiv 2501.18512 Table 4"):
+                print(f"figure: {out}")
+        return 0
     rates = [r * 1e9 for r in (log_grid(args.grid) if args.grid else [float(x) for x in args.rates_gbit.split(",")])]
     sizes = [float(x) for x in args.sizes.split(",")]
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    targets = [float(x) for x in args.targets.split(",")]
     nodes = parse_nodes(args.nodes)
     print(f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
           f"python {platform.python_version()}; backend sim; {args.topology.name} x "
@@ -351,8 +365,9 @@ def main(argv=None) -> int:
                               sort=False)
     print(pivot.to_string(float_format=lambda v: f"{v:.3f}"))
     print()
-    print("Gbit/s to reach a compute utilisation of (bandwidth_for_utilisation; None: not reached on the grid)")
-    print(threshold_table(table, targets).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    print("Gbit/s to reach a compute utilisation of (bandwidth_for_utilisation; log-linear between grid points)")
+    print(threshold_table(table, targets).to_string(index=False, na_rep="not reached",
+                                                    float_format=lambda v: f"{v:.3g}"))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(table.columns))
@@ -361,7 +376,8 @@ def main(argv=None) -> int:
     print(f"\nCSV: {args.out}")
     if args.plot:
         title = (f"{args.topology.name}, {table['nodes'].iloc[0]} nodes, "
-                 f"{'every link' if args.uniform else 'inter-region links'} at the swept rate; H={args.H}; "
+                 f"{'every link' if args.uniform else 'inter-region links'} at the swept rate, H={args.H},\n"
+                 f"tcp_slow_start_after_idle {0 if args.no_slow_start_after_idle else 1}; "
                  f"dotted: arXiv 2501.18512 Table 4")
         for out in plot(table, args.plot, 0.95, title):
             print(f"figure: {out}")
