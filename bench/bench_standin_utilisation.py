@@ -199,11 +199,12 @@ def network_topology(path: Path, per_region: int, nodes: Optional[dict], rate_bi
 def one_point(algorithm: dict, steps: int, parameters: float, step_s: float, rate_bit_s: float,
               per_region: int, folder: Path, *, topology_path: Path = TOPOLOGY, nodes: Optional[dict] = None,
               uniform: bool = False, bytes_per_parameter: float = 4.0, model: Optional[dict] = None,
-              slow_start_after_idle: bool = True) -> dict:
-    """One simulated job; its utilisation and bandwidths from its records (harness.results)."""
+              slow_start_after_idle: bool = True, nic_at_rate: bool = False) -> dict:
+    """One simulated job; its utilisation and bandwidths from its records (harness.results).
+    `nic_at_rate`: every node's NIC at the swept rate too (a node's total, not each link's)."""
     topology = network_topology(topology_path, per_region, nodes, rate_bit_s, uniform, slow_start_after_idle)
     plan = make_plan(topology)
-    network = FluidNetwork.from_plan(plan, nic_rate_bit_s=NIC_RATE_BIT_S, seed=0)
+    network = FluidNetwork.from_plan(plan, nic_rate_bit_s=rate_bit_s if nic_at_rate else NIC_RATE_BIT_S, seed=0)
     workload = dict(WORKLOAD, model=model) if model is not None else WORKLOAD
     config = load_config({**workload, "seed": 0, "steps": steps, "algorithm": algorithm, "output_dir": str(folder)})
     stand_in = stand_in_record(StandIn(parameters=parameters, step_s=step_s, bytes_per_parameter=bytes_per_parameter),
@@ -292,6 +293,8 @@ def main(argv=None) -> int:
     parser.add_argument("--nodes", default=None, help="REGION=COUNT,... instead of --per-region")
     parser.add_argument("--uniform", action="store_true",
                         help="every link (intra-region too) at the swept rate: the paper's one bandwidth")
+    parser.add_argument("--nic-at-rate", action="store_true",
+                        help="every node's NIC at the swept rate too: a node's bandwidth, not a link's")
     parser.add_argument("--bytes-per-parameter", type=float, default=4.0,
                         help="the stand-in's full-precision message bytes per parameter (1: an int8 ring)")
     parser.add_argument("--tokens-per-step", type=float, default=65_536, help="tokens per node per step")
@@ -319,7 +322,8 @@ def main(argv=None) -> int:
     nodes = parse_nodes(args.nodes)
     print(f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
           f"python {platform.python_version()}; backend sim; {args.topology.name} x "
-          f"{nodes if nodes else f'{args.per_region} per region'}, NIC {NIC_RATE_BIT_S / 1e9:g} Gbit/s; "
+          f"{nodes if nodes else f'{args.per_region} per region'}, NIC "
+          f"{'at the swept rate' if args.nic_at_rate else f'{NIC_RATE_BIT_S / 1e9:g} Gbit/s'}; "
           f"{'every link' if args.uniform else 'inter-region links'} at the swept rate; stand-in messages "
           f"{args.bytes_per_parameter:g} B/parameter; tcp_slow_start_after_idle "
           f"{0 if args.no_slow_start_after_idle else 1}; {args.rounds if args.rounds else 0} x H steps; step_s = "
@@ -346,11 +350,13 @@ def main(argv=None) -> int:
                     point = one_point(algorithm, steps, size, step_s, rate, args.per_region, folder,
                                       topology_path=args.topology, nodes=nodes, uniform=args.uniform,
                                       bytes_per_parameter=args.bytes_per_parameter, model=model,
-                                      slow_start_after_idle=not args.no_slow_start_after_idle)
+                                      slow_start_after_idle=not args.no_slow_start_after_idle,
+                                      nic_at_rate=args.nic_at_rate)
                     row = {"parameters": size, "algorithm": label, "rate_gbit_s": rate / 1e9, "step_s": step_s,
                            **point, "topology": args.topology.name, "uniform": args.uniform,
                            "bytes_per_parameter": args.bytes_per_parameter,
-                           "slow_start_after_idle": not args.no_slow_start_after_idle}
+                           "slow_start_after_idle": not args.no_slow_start_after_idle,
+                           "nic_at_rate": args.nic_at_rate}
                     rows.append(row)
                     print(f"{size / 1e9:>5g}B {label:<28} {rate / 1e9:>7g} Gbit/s  utilisation "
                           f"{row.get('compute_utilisation', float('nan')):.3f}  mean "
