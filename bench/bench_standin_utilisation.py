@@ -4,7 +4,8 @@
 Every point is one simulated job (backend sim, trainers.sim.run_simulated) of N nodes (default
 aws-4region, 2 per region; the topology's RTTs, every inter-region link at the swept rate, each NIC
 set to 100 Gbit/s so that the links, not the NICs, bind; `--uniform`: the intra-region links at the
-swept rate too, the Streaming DiLoCo paper's one-bandwidth assumption). The ranks train a small MLP
+swept rate too, the Streaming DiLoCo paper's one-bandwidth assumption; `--nic-at-rate`: each node's
+NIC as well, a node's bandwidth rather than each link's). The ranks train a small MLP
 on digits; every message is charged at the stand-in's size (`stand_in:`'s wire scale: P x
 bytes_per_parameter, default 4 = fp32, over the MLP's fp32 bytes; a compressed payload scales the
 same way) and every step costs the stand-in's step time:
