@@ -40,6 +40,10 @@ RUNS = {
             "params": {"H": 1, "outer_lr": 1.0, "outer_momentum": 0.0, "nesterov": False, "collective": "ring"},
         },
     },
+    "sync_adamw": {**ADAMW, "algorithm": {"name": "sync"}},
+    # the whole run is DiLoCo's data-parallel warm-up: it must be `sync` with AdamW
+    "diloco_warmup_all_adamw": {**ADAMW, "algorithm": {"name": "diloco", "params": {"H": 5, "warmup_steps": 12}}},
+    "diloco_warmup4_h3_adamw": {**ADAMW, "algorithm": {"name": "diloco", "params": {"H": 3, "warmup_steps": 4}}},
     "dts_p2_t3_plain": {**PLAIN, "steps": 24, "eval_every": 24, "algorithm": {"name": "dts", "params": {"p": 2, "t": 3}}},
     # a cosine schedule ends at lr 0, the step a correction is due (launched at 21, applied at 23)
     "dts_p2_t2_cosine_plain": {**PLAIN, "steps": 24, "eval_every": 24, "lr_schedule": {"name": "cosine"},
@@ -127,6 +131,29 @@ def test_diloco_with_h1_plain_outer_step_is_averaging_every_step(runs, name):
     for rank in range(2):
         difference = max_difference(final_state(runs[name], rank), final_state(runs["local_sgd_h1_adamw"], rank))
         assert difference < 1e-5
+
+
+def test_diloco_warmup_over_the_whole_run_is_sync_with_adamw(runs):
+    """warmup_steps = steps: every step averages the gradients and AdamW steps on the average, as
+    `sync` with the same AdamW; no outer step is taken."""
+    for rank in range(2):
+        difference = max_difference(final_state(runs["diloco_warmup_all_adamw"], rank),
+                                    final_state(runs["sync_adamw"], rank))
+        assert difference < 1e-5, f"rank {rank} differs from sync by {difference}"
+    assert [r["syncs_applied"] for r in records(runs["diloco_warmup_all_adamw"], 0, "step")] == [1] * 12
+
+
+def test_diloco_rounds_count_from_the_end_of_the_warmup(runs):
+    """warmup_steps 4, H 3, 12 steps: one gradient average per warm-up step (0-3), then outer steps
+    end steps 4 + 3 - 1 = 6 and 9; the warm-up's losses are sync's, and the replicas then train apart."""
+    out = runs["diloco_warmup4_h3_adamw"]
+    for rank in range(2):
+        steps = records(out, rank, "step")
+        assert [r["syncs_applied"] for r in steps] == [1, 1, 1, 1, 0, 0, 1, 0, 0, 1, 0, 0]
+        sync_losses = [r["loss"] for r in records(runs["sync_adamw"], rank, "step")]
+        assert [r["loss"] for r in steps[:5]] == pytest.approx(sync_losses[:5], abs=1e-6)
+    assert [r["loss"] for r in records(out, 0, "step")][5:] != [r["loss"] for r in records(runs["sync_adamw"], 0, "step")][5:]
+    assert max_difference(final_state(out, 0), final_state(out, 1)) > 1e-4  # 2 inner steps since the last round
 
 
 def test_dts_replicas_agree_once_every_correction_is_applied(runs):

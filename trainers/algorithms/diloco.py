@@ -18,12 +18,30 @@ Crash tolerance (comm backend tcp): the average is over the replicas that reache
 step; a crashed rank is left out from then on. A restarted rank gets theta_g, the outer
 momentum and the round counters from rank 0 at an evaluation point, and starts its replica from
 theta_g (its inner AdamW state starts afresh).
+
+Warm start (``warmup_steps``, default 0). The DiLoCo paper (Douillard et al. 2023, arXiv
+2311.08105, Section 3) does not start from random weights: "by default all training experiments
+start from a transformer language model pretrained for 24,000 steps on the same training set"
+(then H = 500 inner steps per round; its Section 3.1 ablation "Number of Pretraining Steps" also
+runs DiLoCo from scratch and reports little loss). Here the first ``warmup_steps`` steps are
+data-parallel, as `sync`: every rank's gradient is averaged each step (bucketed all-reduce
+during backward, ``bucket_cap_mb``) and the inner AdamW steps on the average, so the replicas stay
+identical and no outer step is taken. At the end of step ``warmup_steps - 1`` theta_g is set to
+the replica (its float buffers averaged first), and the rounds of H inner steps count from there:
+the first outer step ends step ``warmup_steps + H - 1``. What carries over: the inner AdamW state
+(moments and step count) is kept, as DiLoCo keeps it across rounds; the outer optimizer starts
+fresh (no momentum) at the first round; the lr schedule is the job's, by global step (the paper
+warms the inner lr up again when DiLoCo begins; this does not). Differences from the paper: its
+pretraining is one model at one worker's batch size, ours the data-parallel average over all
+ranks (a k-times larger batch); and the paper's warm-up is a separate run, ours the same job.
+A rank that rejoins during the warm-up gets rank 0's replica and inner AdamW state, so the
+replicas stay identical (crash tolerance within the warm-up is not tested).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Optional
 
 from torch import nn
 
@@ -32,7 +50,10 @@ from trainers.algorithms.diloco_common import (
     OUTER_PRECISIONS, GlobalModelAlgorithm, OuterPrecision, check_outer_sgd, float_buffers, launch_average,
     outer_compressor, outer_step, pseudo_gradient,
 )
-from trainers.config import require_choice, require_int
+from trainers.algorithms.hooks import ExchangeHook, allreduce_hook
+from trainers.algorithms.sync import GradientBucketer
+from trainers.config import require_choice, require_float, require_int
+from trainers.snapshots import OutputState
 
 
 @dataclass
@@ -41,7 +62,9 @@ class DiLoCoParams:
     Nesterov momentum; nesterov: use Nesterov (else heavy-ball) momentum in the outer step;
     collective: how the pseudo-gradient is averaged, allreduce (gloo/nccl) or ring (isend/irecv
     ring, fewer WAN round trips); outer_precision: the pseudo-gradient on the wire, fp32
-    (all-reduced) or bf16 | int8 | int4 (encoded, all-gathered, averaged in float32)."""
+    (all-reduced) or bf16 | int8 | int4 (encoded, all-gathered, averaged in float32);
+    warmup_steps: initial data-parallel steps (gradient all-reduce every step, as `sync`) before
+    the first round; bucket_cap_mb: bucket size of that warm-up all-reduce (MiB)."""
 
     H: int = 50
     outer_lr: float = 0.7
@@ -49,9 +72,13 @@ class DiLoCoParams:
     nesterov: bool = True
     collective: Literal["allreduce", "ring"] = "allreduce"
     outer_precision: OuterPrecision = "fp32"
+    warmup_steps: int = 0
+    bucket_cap_mb: float = 25.0
 
     def __post_init__(self) -> None:
         require_int("H", self.H, minimum=1)
+        require_int("warmup_steps", self.warmup_steps, minimum=0)
+        require_float("bucket_cap_mb", self.bucket_cap_mb, minimum=0.0, min_exclusive=True)
         require_choice("outer_precision", self.outer_precision, OUTER_PRECISIONS)
         check_outer_sgd(self.outer_lr, self.outer_momentum, self.nesterov)
         require_choice("collective", self.collective, ("allreduce", "ring"))
@@ -59,10 +86,12 @@ class DiLoCoParams:
 
 @dataclass
 class DiLoCoState:
-    """inner_steps: inner steps in the current round; rounds: outer steps taken."""
+    """inner_steps: inner steps in the current round; rounds: outer steps taken; warm: the
+    warm-up is over (always True without one)."""
 
     inner_steps: int = 0
     rounds: int = 0
+    warm: bool = True
 
 
 class DiLoCo(GlobalModelAlgorithm):
@@ -71,19 +100,48 @@ class DiLoCo(GlobalModelAlgorithm):
     name = "diloco"
     Params = DiLoCoParams
     tolerates_crash = True
+    exchange_hook: ExchangeHook = staticmethod(allreduce_hook)
 
     def __init__(self, params: DiLoCoParams, ctx: AlgorithmContext):
         super().__init__(params, ctx)
-        self.state = DiLoCoState()
+        self.state = DiLoCoState(warm=params.warmup_steps == 0)
         self.outer_code = outer_compressor(params.outer_precision)
+        self.bucketer: Optional[GradientBucketer] = None
+        if params.warmup_steps > 0:
+            self.bucketer = GradientBucketer(
+                self.model.parameters(), self.comm, int(params.bucket_cap_mb * 2**20), self.exchange_hook
+            )
 
     def train_step(self, step: int, batch: tuple) -> StepResult:
+        if not self.state.warm:
+            return self._warmup_step(step, batch)
         loss = self.forward_backward(batch)
         self.optimizer.step()
         self.state.inner_steps += 1
         if self.state.inner_steps == self.params.H:
             self._outer_step()
         return StepResult(loss=loss)
+
+    def _warmup_step(self, step: int, batch: tuple) -> StepResult:
+        """One data-parallel step (as `sync`); the last one hands the replica to theta_g."""
+        loss = self.forward_backward(batch)
+        self.bucketer.wait_and_apply()
+        self.note_sync()
+        self.optimizer.step()
+        if step + 1 >= self.params.warmup_steps:
+            self._end_warmup()
+        return StepResult(loss=loss)
+
+    def _end_warmup(self) -> None:
+        """theta_g <- the replica (identical on every rank; float buffers averaged first); the
+        warm-up's hooks go, the inner AdamW state stays, the outer SGD has not stepped yet."""
+        self.bucketer.remove_hooks()
+        self.bucketer = None
+        buffers = float_buffers(self.model)
+        if buffers:
+            self.average_tensors(buffers, self.params.collective)
+        self.global_model.load_state_dict(self.model.state_dict())
+        self.state = DiLoCoState()
 
     def _outer_step(self) -> None:
         global_params = list(self.global_model.parameters())
@@ -97,11 +155,31 @@ class DiLoCo(GlobalModelAlgorithm):
         self.state.rounds += 1
         self.note_sync()
 
+    def deployable_model(self) -> nn.Module:
+        """theta_g; during the warm-up the replica (identical on every rank), theta_g's start."""
+        return self.global_model if self.state.warm else self.model
+
+    def output_state(self) -> Optional[OutputState]:
+        return OutputState("global", self.deployable_model().state_dict()) if self.comm.rank == 0 else None
+
     def rejoin_state(self, deployable: nn.Module) -> dict:
-        return {"global": self.global_model.state_dict(), "outer": self.outer_optimizer.state_dict()}
+        state = {"global": self.deployable_model().state_dict(), "outer": self.outer_optimizer.state_dict()}
+        if not self.state.warm:  # the rejoiner's replica must step as the others do
+            state["inner"] = self.optimizer.state_dict()
+        return state
 
     def load_rejoin_state(self, state: dict, step: int) -> None:
+        """Go on at step ``step + 1``: still in the warm-up (with rank 0's inner AdamW state), or
+        in the round that step falls in, rounds counted from the warm-up's end."""
         self.global_model.load_state_dict(state["global"])
         self.outer_optimizer.load_state_dict(state["outer"])
         self.model.load_state_dict(state["global"])
-        self.state = DiLoCoState(inner_steps=(step + 1) % self.params.H, rounds=(step + 1) // self.params.H)
+        done = step + 1 - self.params.warmup_steps  # steps since the warm-up ended
+        if done < 0:
+            self.optimizer.load_state_dict(state["inner"])
+            self.state = DiLoCoState(warm=False)
+            return
+        if self.bucketer is not None:  # the warm-up is over: no gradient all-reduce
+            self.bucketer.remove_hooks()
+            self.bucketer = None
+        self.state = DiLoCoState(inner_steps=done % self.params.H, rounds=done // self.params.H)

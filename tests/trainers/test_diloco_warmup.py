@@ -1,0 +1,64 @@
+"""DiLoCo's warm start (``warmup_steps``) in one process: params and the rejoin arithmetic. The
+multi-rank references (warm-up = `sync`, first outer step H steps later) are in test_equivalence.py."""
+
+import pytest
+import torch
+
+from trainers.algorithms import AlgorithmContext
+from trainers.algorithms.diloco import DiLoCo, DiLoCoParams, DiLoCoState
+from trainers.config import ConfigError, OptimizerConfig
+
+
+class OneRank:
+    rank, world_size = 0, 1
+
+
+def _diloco(**params) -> DiLoCo:
+    torch.manual_seed(0)
+    ctx = AlgorithmContext(model=torch.nn.Linear(3, 2), comm=OneRank(), loss_fn=None, optimizer=OptimizerConfig(),
+                           lr=0.1, device=torch.device("cpu"))
+    algorithm = DiLoCo(DiLoCoParams(**params), ctx)
+    algorithm.rejoining = True  # setup() without the start broadcast (one rank, no comm)
+    algorithm.setup()
+    return algorithm
+
+
+@pytest.mark.parametrize("changes, field", [({"warmup_steps": -1}, "warmup_steps"), ({"warmup_steps": 2.5}, "warmup_steps"),
+                                            ({"bucket_cap_mb": 0}, "bucket_cap_mb")])
+def test_bad_warmup_params_name_the_field(changes, field):
+    with pytest.raises(ConfigError, match=rf"^{field}: "):
+        DiLoCoParams(**changes)
+
+
+@pytest.mark.parametrize("warmup_steps, step, expected", [
+    (0, 9, DiLoCoState(inner_steps=0, rounds=2)),       # steps 0..9 done: rounds end at 4 and 9
+    (0, 11, DiLoCoState(inner_steps=2, rounds=2)),
+    (6, 3, DiLoCoState(warm=False)),                     # step 4 is still a warm-up step
+    (6, 5, DiLoCoState(inner_steps=0, rounds=0)),        # the warm-up's last step: rounds start at 6
+    (6, 9, DiLoCoState(inner_steps=4, rounds=0)),
+    (6, 10, DiLoCoState(inner_steps=0, rounds=1)),       # first outer step ended step 6 + 5 - 1 = 10
+    (6, 18, DiLoCoState(inner_steps=3, rounds=2)),
+])
+def test_a_rejoined_rank_counts_its_round_from_the_warmups_end(warmup_steps, step, expected):
+    source = _diloco(H=5, warmup_steps=warmup_steps)
+    rejoiner = _diloco(H=5, warmup_steps=warmup_steps)
+    rejoiner.load_rejoin_state(source.rejoin_state(source.deployable_model()), step)
+    assert rejoiner.state == expected
+    assert (rejoiner.bucketer is not None) == (not expected.warm)  # the gradient all-reduce only in the warm-up
+
+
+def test_a_rank_rejoining_in_the_warmup_gets_the_replica_and_the_inner_adamw_state():
+    source = _diloco(H=5, warmup_steps=6)
+    with torch.no_grad():  # the replica has moved from theta_g (the start), as after warm-up steps
+        for param in source.model.parameters():
+            param.add_(1.0)
+            param.grad = torch.ones_like(param)
+    source.optimizer.step()
+    state = source.rejoin_state(source.deployable_model())
+    assert source.deployable_model() is source.model
+    rejoiner = _diloco(H=5, warmup_steps=6)
+    rejoiner.load_rejoin_state(state, 2)
+    for ours, theirs in zip(rejoiner.model.parameters(), source.model.parameters()):
+        assert torch.equal(ours, theirs)
+    moments = [s["exp_avg"] for s in rejoiner.optimizer.state_dict()["state"].values()]
+    assert moments and all(m.abs().sum() > 0 for m in moments)
