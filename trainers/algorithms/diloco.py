@@ -25,7 +25,8 @@ start from a transformer language model pretrained for 24,000 steps on the same 
 (then H = 500 inner steps per round; its Section 3.1 ablation "Number of Pretraining Steps" also
 runs DiLoCo from scratch and reports little loss). Here the first ``warmup_steps`` steps are
 data-parallel, as `sync`: every rank's gradient is averaged each step (bucketed all-reduce
-during backward, ``bucket_cap_mb``) and the inner AdamW steps on the average, so the replicas stay
+during backward, ``bucket_cap_mb``, on the comm's configured all-reduce whatever
+``collective`` says) and the inner AdamW steps on the average, so the replicas stay
 identical and no outer step is taken. At the end of step ``warmup_steps - 1`` theta_g is set to
 the replica (its float buffers averaged first), and the rounds of H inner steps count from there:
 the first outer step ends step ``warmup_steps + H - 1``. What carries over: the inner AdamW state
