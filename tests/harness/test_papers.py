@@ -20,7 +20,9 @@ import pytest
 import yaml
 
 from harness.evidence import FIRST_SYNCS_FILE, PAPERS_ROOT, evidence_size, thin_evals, write_evidence
-from harness.results import MIN_SEEDS, accuracy_at, across_seeds, sync_reference, time_to_target
+from harness.results import (
+    MIN_SEEDS, accuracy_at, across_seeds, sync_reference, time_to_loss_target, time_to_target,
+)
 from harness.rundir import JobDir
 from emulator.schema import ConfigError
 
@@ -193,7 +195,10 @@ def test_the_summary_follows_from_the_committed_evals(folder):
             assert at_budget is None
         else:
             assert at_budget == pytest.approx(expected["accuracy_at_step_budget"])
-        reached = time_to_target(evals, stop["target_accuracy"])
+        if stop.get("target_accuracy") is not None:
+            reached = time_to_target(evals, stop["target_accuracy"])
+        else:   # a held-out loss target (paper-dts-lm.yaml)
+            reached = time_to_loss_target(evals, stop["target_loss"])
         if pd.isna(expected["time_to_target_s"]):
             assert reached is None
         else:
