@@ -161,6 +161,32 @@ def test_eawild_crossover_is_recomputed_from_its_evidence():
     assert f"with the window kept: {heavy[400]:.2f}x at 400 ms, {heavy[1000]:.2f}x at 1 s" in line
 
 
+def test_eawild_16_worker_crossover_is_recomputed_from_its_evidence():
+    """At 16 workers EA-wild's row quotes a crossover (compute / sync's communication, seeds'
+    crossings) as bench/eawild_crossover.py computes it from the committed 16-worker summaries, and
+    its claim that sync is ahead on the compute-heavy side in every seed: at 150 ms and beyond even
+    EA-wild's best seed is below 1, at 5 ms even its worst is above; local SGD ahead of both."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("eawild_crossover", ROOT / "bench" / "eawild_crossover.py")
+    crossover = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(crossover)
+    runs = [PAPERS_ROOT / "eawild-sweep" / name for name in ("20261126-185842", "20261126-185844")]
+    frame, lines, crossings = crossover.table(crossover.load(runs))
+    line = results_table_row("EA-wild")
+    assert set(crossings) == {16}
+    (said,) = lines
+    ms = re.search(r"= 1\) at ([\d.]+) ms compute", said).group(1)
+    seeds = re.search(r"\(seeds ([\d.]+-[\d.]+) ms\)", said).group(1)
+    assert f"crosses 1 at {crossings[16]:.2f}x sync's communication ({ms} ms, seeds {seeds} ms)" in line, said
+    points = frame.set_index("compute_ms")
+    assert (points.loc[[150, 400, 1000], "speedup_max"] < 1).all() and points.loc[5, "speedup_min"] > 1
+    for compute in (150, 400, 1000):
+        point = points.loc[compute]
+        assert f"{point['speedup_median']:.2f}x ({point['speedup_min']:.2f}-{point['speedup_max']:.2f}) at {compute} ms" in line
+    control = points["localsgd_speedup_median"].dropna()
+    assert (control > points.loc[control.index, "speedup_median"]).all() and (control > 1).all()
+
 def test_evidence_stays_small():
     assert evidence_size() < MAX_TOTAL_BYTES
     for job in PAPERS_ROOT.glob("*/*/jobs/*"):

@@ -1,0 +1,192 @@
+"""DiLoCo in miniature on real text against data-parallel training (issue 24, "Done when" 1), from
+a finished run of scenarios/paper-diloco-lm.yaml (8 nodes on aws-4region, sim).
+
+Per label of the reported phase (seeds 1-3 at the tuning protocol's picks), from each job's files:
+
+* the held-out loss (nats per byte, the evaluator's last evaluation, at the run's last step: equal
+  tokens for every label) as the median over seeds with min-max, and its gap to sync in per cent,
+  from the medians and seed by seed (same seed, same data order);
+* bytes sent per node over the whole run (summary.csv's ``bytes_sent_per_node``: the comm layer's
+  counters, the start-up broadcast included), and sync's bytes over the label's;
+* the mechanism: the step of the first synchronisation applied and the exchanges before the end;
+* virtual time of the run (the compute model's 0.1 s a step plus the simulated WAN), and compute
+  utilisation (compute over wall, virtual).
+
+Then the verdict against the issue's figure: the loss within 2 % of sync's and >= 100x fewer
+bytes. The tuning phase's candidates (seed 0) are printed with their losses and the picks.
+
+    .venv/bin/python bench/bench_diloco_lm.py results/papers/diloco-lm/<run> \
+        --csv results/papers/diloco-lm/diloco-lm.csv --figure results/papers/diloco-lm/loss.png
+
+``--figure``: held-out loss against tokens seen (all nodes) and against virtual time, one line
+per label (median over seeds, min-max band), DiLoCo's outer steps marked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+BASELINE = "sync"
+LOSS_GAP_GOAL = 0.02
+BYTES_GOAL = 100.0
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def tokens_per_node_step(run: Path) -> int:
+    """Bytes of text one node consumes a step (batch x seq_len), from the run's saved scenario."""
+    workload = json.loads((run / "scenario.json").read_text())["spec"]["workload"]
+    return workload["batch_size"] * workload["dataset"].get("params", {}).get("seq_len", 1)
+
+
+def job_curve(job_dir: Path, tokens_per_step: int) -> pd.DataFrame:
+    """The evaluator's held-out loss per evaluation: step, tokens (all nodes; the step's tokens
+    times the nodes), virtual time."""
+    evals = [r for r in read_jsonl(job_dir / "eval.jsonl") if r.get("loss") is not None]
+    frame = pd.DataFrame({"step": [r["step"] for r in evals], "loss": [r["loss"] for r in evals],
+                          "time_s": [r["time_s"] for r in evals]})
+    frame["tokens"] = (frame["step"] + 1) * tokens_per_step
+    return frame
+
+
+def syncs_applied(job_dir: Path) -> float:
+    """Synchronisations rank 0 applied over the run (its step records' ``syncs_applied``); NaN in
+    an evidence folder, which keeps no rank records."""
+    path = job_dir / "rank0.jsonl"
+    if not path.is_file():
+        return math.nan
+    return sum(r.get("syncs_applied") or 0 for r in read_jsonl(path) if r.get("kind") == "step")
+
+
+def rows_of(run: Path) -> pd.DataFrame:
+    summary = pd.read_csv(run / "summary.csv")
+    summary = summary[summary["status"] == "ok"].copy()
+    losses, curves, applied = [], [], []
+    tokens = tokens_per_node_step(run)
+    for _, row in summary.iterrows():
+        job_dir = run / "jobs" / f"{row['network']}-{row['label']}-seed{row['seed']}"
+        curve = job_curve(job_dir, tokens * int(row["nodes"]))
+        losses.append(curve["loss"].iloc[-1] if len(curve) else math.nan)
+        curves.append(curve)
+        applied.append(syncs_applied(job_dir))
+    summary["val_loss"] = losses
+    summary["syncs_applied"] = applied
+    summary["curve"] = curves
+    return summary
+
+
+def label_table(reported: pd.DataFrame) -> pd.DataFrame:
+    sync = reported[reported["label"] == BASELINE].set_index("seed")
+    sync_loss = sync["val_loss"].median()
+    sync_bytes = sync["bytes_sent_per_node"].median()
+    out = []
+    for label, group in reported.groupby("label", sort=False):
+        paired = [(r["val_loss"] / sync.loc[r["seed"], "val_loss"] - 1) * 100
+                  for _, r in group.iterrows() if r["seed"] in sync.index]
+        loss = group["val_loss"].median()
+        nbytes = group["bytes_sent_per_node"].median()
+        out.append({
+            "label": label, "algorithm": group["algorithm"].iloc[0], "seeds": len(group),
+            "lr": group["tuned"].iloc[0] if "tuned" in group else "",
+            "val_loss": loss, "val_loss_min": group["val_loss"].min(), "val_loss_max": group["val_loss"].max(),
+            "gap_pct": (loss / sync_loss - 1) * 100,
+            "gap_pct_seed_min": min(paired) if paired else math.nan,
+            "gap_pct_seed_max": max(paired) if paired else math.nan,
+            "bytes_per_node": nbytes, "sync_bytes_ratio": sync_bytes / nbytes if nbytes else math.inf,
+            "first_sync_step": group["first_sync_step"].min(),
+            "syncs_applied": group["syncs_applied"].median(),
+            "virtual_s": group["train_time_s"].median(),
+            "compute_utilisation": group["compute_utilisation"].median(),
+        })
+    return pd.DataFrame(out)
+
+
+def print_tuning(tuning: pd.DataFrame) -> None:
+    if tuning.empty:
+        return
+    print("\nTuning (seed 0, by held-out loss at the budget):\n")
+    print("| candidate | lr | val loss |")
+    print("|---|---|---|")
+    for _, r in tuning.sort_values(["label"]).iterrows():
+        print(f"| {r['label']} | {r['tuned']} | {r['val_loss']:.4f} |")
+
+
+def draw(reported: pd.DataFrame, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for label, group in reported.groupby("label", sort=False):
+        curves = [c.set_index("step") for c in group["curve"]]
+        loss = pd.concat([c["loss"] for c in curves], axis=1)
+        tokens = curves[0]["tokens"]
+        time_s = pd.concat([c["time_s"] for c in curves], axis=1).median(axis=1)
+        for ax, x in ((axes[0], tokens / 1e6), (axes[1], time_s / 60)):
+            line, = ax.plot(x, loss.median(axis=1), marker="o", markersize=3, label=label)
+            ax.fill_between(x, loss.min(axis=1), loss.max(axis=1), color=line.get_color(), alpha=0.15)
+    axes[0].set_xlabel("tokens seen, all 8 nodes (millions of bytes)")
+    axes[1].set_xlabel("virtual time (minutes; compute model 0.1 s a step)")
+    axes[0].set_ylabel("held-out loss (nats per byte)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[1].set_xscale("log")
+    axes[0].legend(title="median of seeds, min-max band", fontsize=8)
+    figure.suptitle("DiLoCo in miniature: 8 nodes on aws-4region, byte LM (135k parameters), equal tokens")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=130)
+    figure.savefig(path.with_suffix(".svg"))
+    print(f"wrote {path} and {path.with_suffix('.svg')}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run", type=Path, help="a run folder of scenarios/paper-diloco-lm.yaml")
+    parser.add_argument("--csv", type=Path, help="write the per-label table here")
+    parser.add_argument("--figure", type=Path, help="loss vs tokens and vs virtual time (PNG; SVG beside it)")
+    args = parser.parse_args(argv)
+    rows = rows_of(args.run)
+    phase = rows["phase"] if "phase" in rows else pd.Series("reported", index=rows.index)
+    reported, tuning = rows[phase == "reported"], rows[phase == "tuning"]
+    if BASELINE not in set(reported["label"]):
+        print(f"{args.run}: no ok '{BASELINE}' job in the reported phase", file=sys.stderr)
+        return 2
+    table = label_table(reported)
+    print(f"# paper-diloco-lm, run {args.run}; backend sim (virtual time); {len(reported)} reported jobs\n")
+    print("| label | lr | seeds | val loss, median [min, max] | vs sync (medians) | vs sync, per seed | "
+          "MB sent / node | sync's bytes / label's | first sync step | syncs applied | virtual min | compute util |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for _, r in table.iterrows():
+        print(f"| {r['label']} | {r['lr']} | {r['seeds']} | {r['val_loss']:.4f} [{r['val_loss_min']:.4f}, "
+              f"{r['val_loss_max']:.4f}] | {r['gap_pct']:+.2f} % | {r['gap_pct_seed_min']:+.2f} to "
+              f"{r['gap_pct_seed_max']:+.2f} % | {r['bytes_per_node'] / 1e6:.1f} | {r['sync_bytes_ratio']:.1f}x | "
+              f"{r['first_sync_step']:.0f} | {r['syncs_applied']:.0f} | {r['virtual_s'] / 60:.1f} | {r['compute_utilisation']:.3f} |")
+    print_tuning(tuning)
+    diloco = table[table["algorithm"] == "diloco"]
+    for _, r in diloco.iterrows():
+        loss_ok = r["gap_pct"] <= LOSS_GAP_GOAL * 100
+        bytes_ok = r["sync_bytes_ratio"] >= BYTES_GOAL
+        print(f"\n{r['label']}: loss {r['gap_pct']:+.2f} % vs sync (goal <= +{LOSS_GAP_GOAL * 100:.0f} %: "
+              f"{'met' if loss_ok else 'not met'}), {r['sync_bytes_ratio']:.1f}x fewer bytes (goal >= "
+              f"{BYTES_GOAL:.0f}x: {'met' if bytes_ok else 'not met'})")
+    if args.csv:
+        args.csv.parent.mkdir(parents=True, exist_ok=True)
+        table.to_csv(args.csv, index=False)
+        print(f"wrote {args.csv}")
+    if args.figure:
+        draw(reported, args.figure)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
