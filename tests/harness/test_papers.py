@@ -186,6 +186,13 @@ def test_eawild_16_worker_crossover_is_recomputed_from_its_evidence():
         assert f"{point['speedup_median']:.2f}x ({point['speedup_min']:.2f}-{point['speedup_max']:.2f}) at {compute} ms" in line
     control = points["localsgd_speedup_median"].dropna()
     assert (control > points.loc[control.index, "speedup_median"]).all() and (control > 1).all()
+    # with the TCP window kept (tcp_slow_start_after_idle 0): still behind sync in every seed
+    kept = [PAPERS_ROOT / "eawild-sweep" / name for name in ("20261126-230700", "20261126-230702")]
+    without_restart, _, crossed = crossover.table(crossover.load(kept))
+    heavy = without_restart.set_index("compute_ms")
+    assert not crossed and (heavy["speedup_max"] < 1).all()
+    quoted = " / ".join(f"{heavy.loc[c, 'speedup_median']:.2f}x" for c in (100, 150, 400))
+    assert f"EA-wild {quoted} at 100 / 150 / 400 ms" in line
 
 def test_evidence_stays_small():
     assert evidence_size() < MAX_TOTAL_BYTES
