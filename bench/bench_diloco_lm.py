@@ -8,7 +8,7 @@ Per label of the reported phase (seeds 1-3 at the tuning protocol's picks), from
   from the medians and seed by seed (same seed, same data order);
 * bytes sent per node over the whole run (summary.csv's ``bytes_sent_per_node``: the comm layer's
   counters, the start-up broadcast included), and sync's bytes over the label's;
-* the mechanism: the step of the first synchronisation applied and the exchanges before the end;
+* the mechanism: the step of the first synchronisation applied (summary.csv's `first_sync_step`);
 * virtual time of the run (the compute model's 0.1 s a step plus the simulated WAN), and compute
   utilisation (compute over wall, virtual).
 
@@ -58,28 +58,17 @@ def job_curve(job_dir: Path, tokens_per_step: int) -> pd.DataFrame:
     return frame
 
 
-def syncs_applied(job_dir: Path) -> float:
-    """Synchronisations rank 0 applied over the run (its step records' ``syncs_applied``); NaN in
-    an evidence folder, which keeps no rank records."""
-    path = job_dir / "rank0.jsonl"
-    if not path.is_file():
-        return math.nan
-    return sum(r.get("syncs_applied") or 0 for r in read_jsonl(path) if r.get("kind") == "step")
-
-
 def rows_of(run: Path) -> pd.DataFrame:
     summary = pd.read_csv(run / "summary.csv")
     summary = summary[summary["status"] == "ok"].copy()
-    losses, curves, applied = [], [], []
+    losses, curves = [], []
     tokens = tokens_per_node_step(run)
     for _, row in summary.iterrows():
         job_dir = run / "jobs" / f"{row['network']}-{row['label']}-seed{row['seed']}"
         curve = job_curve(job_dir, tokens * int(row["nodes"]))
         losses.append(curve["loss"].iloc[-1] if len(curve) else math.nan)
         curves.append(curve)
-        applied.append(syncs_applied(job_dir))
     summary["val_loss"] = losses
-    summary["syncs_applied"] = applied
     summary["curve"] = curves
     return summary
 
@@ -103,7 +92,6 @@ def label_table(reported: pd.DataFrame) -> pd.DataFrame:
             "gap_pct_seed_max": max(paired) if paired else math.nan,
             "bytes_per_node": nbytes, "sync_bytes_ratio": sync_bytes / nbytes if nbytes else math.inf,
             "first_sync_step": group["first_sync_step"].min(),
-            "syncs_applied": group["syncs_applied"].median(),
             "virtual_s": group["train_time_s"].median(),
             "compute_utilisation": group["compute_utilisation"].median(),
         })
@@ -164,13 +152,13 @@ def main(argv=None) -> int:
     table = label_table(reported)
     print(f"# paper-diloco-lm, run {args.run}; backend sim (virtual time); {len(reported)} reported jobs\n")
     print("| label | lr | seeds | val loss, median [min, max] | vs sync (medians) | vs sync, per seed | "
-          "MB sent / node | sync's bytes / label's | first sync step | syncs applied | virtual min | compute util |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "MB sent / node | sync's bytes / label's | first sync step | virtual min | compute util |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for _, r in table.iterrows():
         print(f"| {r['label']} | {r['lr']} | {r['seeds']} | {r['val_loss']:.4f} [{r['val_loss_min']:.4f}, "
               f"{r['val_loss_max']:.4f}] | {r['gap_pct']:+.2f} % | {r['gap_pct_seed_min']:+.2f} to "
               f"{r['gap_pct_seed_max']:+.2f} % | {r['bytes_per_node'] / 1e6:.1f} | {r['sync_bytes_ratio']:.1f}x | "
-              f"{r['first_sync_step']:.0f} | {r['syncs_applied']:.0f} | {r['virtual_s'] / 60:.1f} | {r['compute_utilisation']:.3f} |")
+              f"{r['first_sync_step']:.0f} | {r['virtual_s'] / 60:.1f} | {r['compute_utilisation']:.3f} |")
     print_tuning(tuning)
     diloco = table[table["algorithm"] == "diloco"]
     for _, r in diloco.iterrows():
