@@ -19,7 +19,8 @@ bytes. The tuning phase's candidates (seed 0) are printed with their losses and 
         --csv results/papers/diloco-lm/diloco-lm.csv --figure results/papers/diloco-lm/loss.png
 
 ``--figure``: held-out loss against tokens seen (all nodes) and against virtual time, one line
-per label (median over seeds, min-max band), DiLoCo's outer steps marked.
+per label (median over seeds, min-max band), each label's first synchronisation marked
+(harness.plots `curves_with_seed_band`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # harness, run from anywhere
 
 BASELINE = "sync"
 LOSS_GAP_GOAL = 0.02
@@ -108,32 +111,39 @@ def print_tuning(tuning: pd.DataFrame) -> None:
         print(f"| {r['label']} | {r['tuned']} | {r['val_loss']:.4f} |")
 
 
-def draw(reported: pd.DataFrame, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def curves(reported: pd.DataFrame) -> pd.DataFrame:
+    """The reported jobs' evaluations as one frame: label, algorithm, seed, step, tokens (millions
+    of bytes, all nodes), virtual time (minutes) and held-out loss."""
+    frames = [row["curve"].assign(label=row["label"], algorithm=row["algorithm"], seed=row["seed"])
+              for _, row in reported.iterrows()]
+    frame = pd.concat(frames, ignore_index=True)
+    return frame.assign(tokens_m=frame["tokens"] / 1e6, time_min=frame["time_s"] / 60)
 
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    for label, group in reported.groupby("label", sort=False):
-        curves = [c.set_index("step") for c in group["curve"]]
-        loss = pd.concat([c["loss"] for c in curves], axis=1)
-        tokens = curves[0]["tokens"]
-        time_s = pd.concat([c["time_s"] for c in curves], axis=1).median(axis=1)
-        for ax, x in ((axes[0], tokens / 1e6), (axes[1], time_s / 60)):
-            line, = ax.plot(x, loss.median(axis=1), marker="o", markersize=3, label=label)
-            ax.fill_between(x, loss.min(axis=1), loss.max(axis=1), color=line.get_color(), alpha=0.15)
-    axes[0].set_xlabel("tokens seen, all 8 nodes (millions of bytes)")
-    axes[1].set_xlabel("virtual time (minutes; compute model 0.1 s a step)")
-    axes[0].set_ylabel("held-out loss (nats per byte)")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-    axes[1].set_xscale("log")
-    axes[0].legend(title="median of seeds, min-max band", fontsize=8)
-    figure.suptitle("DiLoCo in miniature: 8 nodes on aws-4region, byte LM (135k parameters), equal tokens")
-    figure.tight_layout()
+
+def first_syncs(reported: pd.DataFrame) -> dict:
+    """label -> the earliest step a seed of it applied its first synchronisation (summary.csv)."""
+    return reported.groupby("label")["first_sync_step"].min().dropna().to_dict()
+
+
+def figure(reported: pd.DataFrame):
+    """Held-out loss vs tokens and vs virtual time (harness.plots `curves_with_seed_band`)."""
+    from harness import plots
+
+    nodes = int(reported["nodes"].iloc[0])
+    return plots.curves_with_seed_band(
+        curves(reported), y="loss", y_label="held-out loss (nats per byte)",
+        panels=[("tokens_m", f"tokens seen, all {nodes} nodes (millions of bytes)"),
+                ("time_min", "virtual time (minutes; compute model 0.1 s a step)")],
+        first_sync_step=first_syncs(reported), log_x=("time_min",),
+        title=f"DiLoCo in miniature: {nodes} nodes on aws-4region, byte LM, equal tokens "
+              "(median of seeds, min-max band)")
+
+
+def draw(reported: pd.DataFrame, path: Path) -> None:
+    drawn = figure(reported)
     path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=130)
-    figure.savefig(path.with_suffix(".svg"))
+    drawn.savefig(path, dpi=130)
+    drawn.savefig(path.with_suffix(".svg"))
     print(f"wrote {path} and {path.with_suffix('.svg')}")
 
 

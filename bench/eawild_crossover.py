@@ -37,6 +37,8 @@ from pathlib import Path
 
 import pandas as pd
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # harness, run from anywhere
+
 LABEL = re.compile(r"^(sync|eawild|localsgd|localonly)-c(\d+)$")
 CONTROLS = ("localsgd", "localonly")   # local SGD at EA-wild's period; train apart, average once
 
@@ -132,45 +134,12 @@ def table(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str], dict]:
 
 
 def figure(frame: pd.DataFrame, crossings: dict, path: Path) -> None:
-    import matplotlib
+    """harness.plots `eawild_crossover` (the one copy of the drawing), saved as PNG and SVG."""
+    from harness import plots
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for workers, group in frame.groupby("workers"):
-        group = group.sort_values("compute_over_comm")
-        line = ax.errorbar(group["compute_over_comm"], group["speedup_median"],
-                           yerr=[group["speedup_median"] - group["speedup_min"], group["speedup_max"] - group["speedup_median"]],
-                           marker="o", capsize=3, label=f"{workers} workers: EA-wild")
-        if "localsgd_speedup_median" in group and group["localsgd_speedup_median"].notna().any():
-            control = group.dropna(subset=["localsgd_speedup_median"])
-            ax.plot(control["compute_over_comm"], control["localsgd_speedup_median"].clip(lower=0.05),
-                    color=line[0].get_color(), linestyle="--", marker="s", markersize=4, alpha=0.7,
-                    label=f"{workers} workers: local SGD (H = 4), the control")
-        ratio = crossings.get(int(workers))
-        if ratio:
-            ax.axvline(ratio, color=line[0].get_color(), linestyle=":", linewidth=1)
-            ax.annotate(f"{ratio:.2f}", (ratio, 1.0), textcoords="offset points", xytext=(4, 6),
-                        color=line[0].get_color(), fontsize=8)
-    ax.axhline(1.0, color="grey", linewidth=1)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    plain = matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}")
-    ax.yaxis.set_major_formatter(plain)
-    ax.yaxis.set_minor_formatter(plain)
-    ax.set_xticks([0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0])
-    ax.xaxis.set_major_formatter(plain)
-    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    ax.set_xlabel("compute per step / sync's communication per step (log scale)")
-    ax.set_ylabel("speedup over sync, time to target (log)")
-    ax.set_title("EA-wild (solid) vs sync: the crossover (median of 3 seeds, min-max)")
-    ax.legend()
-    ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    fig.savefig(path.with_suffix(".svg"))
-    plt.close(fig)
+    drawn = plots.eawild_crossover(frame, crossings)
+    drawn.savefig(path, dpi=120)
+    drawn.savefig(path.with_suffix(".svg"))
 
 
 def main() -> int:

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from .results import injection_failed, seed_stats
 
@@ -603,10 +604,165 @@ def async_vs_sync(summary: pd.DataFrame, steps: pd.DataFrame, *, metric: str = "
     return _finish(figure, [ax], title)
 
 
+
+# --- the paper figures drawn from committed evidence (results/papers/) ------------------------------
+
+BAND_GID = "seed-band"          # the min-max band over seeds around a median curve
+FIRST_SYNC_GID = "first-sync"   # vertical marks where a label's first synchronisation was applied
+CROSSOVER_GID = "crossover"     # vertical marks where a median speedup crosses 1
+
+
+def _seed_band(rows: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
+    """Per step that every seed of `rows` evaluated (evidence thins each seed's evaluations on its
+    own, so a step only some seeds kept would make the band jump): x's median over seeds and y's
+    median, min and max over seeds."""
+    table = rows.pivot_table(index="step", columns="seed", values=[x, y], aggfunc="first").dropna()
+    return pd.DataFrame({"step": table.index, "x": table[x].median(axis=1).to_numpy(),
+                         "median": table[y].median(axis=1).to_numpy(), "min": table[y].min(axis=1).to_numpy(),
+                         "max": table[y].max(axis=1).to_numpy()})
+
+
+def curves_with_seed_band(curves: pd.DataFrame, *, y: str, y_label: str, panels: list[tuple[str, str]],
+                          first_sync_step: Optional[dict] = None, target: Optional[float] = None,
+                          log_x: tuple = (), title: str = "Training curves, median of seeds") -> Figure:
+    """One panel per x axis: per label, y's median over seeds against x (min-max band over seeds),
+    and where the label's first synchronisation was applied (a dotted mark at that step's x).
+
+    Args:
+        curves: one row per evaluation: `label`, `seed`, `step`, `y` and every panel's x column
+            (e.g. harness.report Results.evals, with a `tokens` column added for a language model);
+            `algorithm` when present picks the colours (harness.plots PALETTE).
+        y, y_label: the curve's column and its axis label (e.g. "loss", "held-out loss (nats/byte)").
+        panels: (x column, x axis label) per panel, left to right.
+        first_sync_step: label -> the step its first synchronisation was applied (summary.csv's
+            `first_sync_step`); the mark sits at that step's x on the label's median curve
+            (interpolated; x is taken as 0 before the first step). Labels absent: no mark.
+        target: a y value drawn as a dashed horizontal reference (the target accuracy or loss).
+        log_x: the x columns drawn on a log scale.
+    """
+    figure, axes = _new_figure(len(panels))
+    frame = curves if "algorithm" in curves else curves.assign(algorithm=curves["label"])
+    styles = _styles(frame)
+    first_sync_step = first_sync_step or {}
+    for ax, (x, x_label) in zip(axes, panels):
+        for label in _label_order(frame):
+            band = _seed_band(frame[frame["label"] == label], x, y)
+            if not len(band):
+                continue
+            style = styles[label]
+            ax.plot(band["x"], band["median"], label=str(label), color=style["color"],
+                    linestyle=style["linestyle"], marker=style["marker"], markersize=3, linewidth=1.5)
+            ax.fill_between(band["x"], band["min"], band["max"], color=style["color"], alpha=0.15,
+                            gid=BAND_GID, label=None)
+            step = first_sync_step.get(label)
+            if step is not None and pd.notna(step):
+                at = float(np.interp(step, [-1.0, *band["step"]], [0.0, *band["x"]]))
+                ax.axvline(at, color=style["color"], linestyle=":", linewidth=1.2, gid=FIRST_SYNC_GID)
+        if target is not None:
+            ax.axhline(target, color="grey", linestyle="--", linewidth=1, gid=REFERENCE_GID)
+        if x in log_x:
+            ax.set_xscale("log")
+        ax.set_xlabel(x_label)
+        ax.set_ylabel(y_label)
+        if not ax.lines:
+            _note(ax, "no data: no step that every seed of a label evaluated", "center")
+    if any(line.get_gid() == FIRST_SYNC_GID for ax in axes for line in ax.lines):
+        axes[0].plot([], [], color="grey", linestyle=":", label="first sync applied (dotted)")
+    return _finish(figure, axes, title)
+
+
+def eawild_crossover(frame: pd.DataFrame, crossings: Optional[dict] = None, *,
+                     title: str = "EA-wild vs sync: the crossover (median of seeds, min-max)") -> Figure:
+    """EA-wild's speedup over sync (time to target) against compute / sync's communication per
+    step (log-log), one line per worker count with min-max bars over seeds, local SGD at EA-wild's
+    period (the control) dashed where it ran, and the crossovers marked.
+
+    Args:
+        frame: bench/eawild_crossover.py `table`'s rows (results/papers/eawild-sweep/crossover.csv):
+            `workers`, `compute_over_comm`, `speedup_median`, `speedup_min`, `speedup_max`, and
+            optionally `localsgd_speedup_median` (a seed that missed the target counts 0: drawn
+            at 0.05, the axis' floor).
+        crossings: workers -> compute / communication where the median speedup crosses 1 (that
+            function's third result); none drawn when left out.
+    """
+    figure, (ax,) = _new_figure()
+    crossings = crossings or {}
+    for index, (workers, group) in enumerate(frame.groupby("workers")):
+        group = group.sort_values("compute_over_comm")
+        color = _FALLBACK[index % len(_FALLBACK)]
+        ax.plot(group["compute_over_comm"], group["speedup_median"], color=color, marker="o",
+                label=f"{workers} workers: EA-wild")
+        bars = ax.errorbar(group["compute_over_comm"], group["speedup_median"],
+                           yerr=[(group["speedup_median"] - group["speedup_min"]).clip(lower=0),
+                                 (group["speedup_max"] - group["speedup_median"]).clip(lower=0)],
+                           fmt="none", ecolor=color, alpha=0.6, capsize=3)
+        for cap in bars.lines[1]:
+            cap.set_gid(SPREAD_GID)
+        if "localsgd_speedup_median" in group and group["localsgd_speedup_median"].notna().any():
+            control = group.dropna(subset=["localsgd_speedup_median"])
+            ax.plot(control["compute_over_comm"], control["localsgd_speedup_median"].clip(lower=0.05),
+                    color=color, linestyle="--", marker="s", markersize=4, alpha=0.7,
+                    label=f"{workers} workers: local SGD at EA-wild's period (control)")
+        ratio = crossings.get(int(workers))
+        if ratio:
+            ax.axvline(ratio, color=color, linestyle=":", linewidth=1, gid=CROSSOVER_GID)
+            ax.annotate(f"{ratio:.2f}", (ratio, 1.0), textcoords="offset points", xytext=(4, 6),
+                        color=color, fontsize=FONT_PT - 2)
+    ax.axhline(1.0, color="grey", linewidth=1, gid=REFERENCE_GID)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(plain)   # a speedup axis spans less than a decade: label its minor ticks
+    ax.set_xlabel("compute per step / sync's communication per step (log scale)")
+    ax.set_ylabel("speedup over sync, time to target (log)")
+    return _finish(figure, [ax], title)
+
+
+def steps_per_s_by_baseline(table: pd.DataFrame, *, reference: str = "p3",
+                            title: str = "Steps/s per baseline (median of seeds, min-max)") -> Figure:
+    """P3's comparison as bars: per scenario (a model and NIC), each label's steps/s (median over
+    seeds, min-max bars), the `reference` label's bar edged in black.
+
+    Args:
+        table: one row per (scenario, label): `scenario`, `label`, `steps_per_s_median`,
+            `steps_per_s_min`, `steps_per_s_max` (bench/bench_p3_paper.py's CSV, its `kind ==
+            "label"` rows: results/papers/p3/p3-paper.csv).
+    """
+    figure, (ax,) = _new_figure()
+    scenarios = list(dict.fromkeys(table["scenario"]))
+    labels = sorted(dict.fromkeys(table["label"]), key=lambda label: (label != reference, label))
+    width = 0.8 / max(len(labels), 1)
+    for index, label in enumerate(labels):
+        rows = table[table["label"] == label].set_index("scenario").reindex(scenarios)
+        x = np.arange(len(scenarios)) + (index - (len(labels) - 1) / 2) * width
+        median = rows["steps_per_s_median"].to_numpy(dtype=float)
+        ax.bar(x, median, width, label=label, color=color_for(label.split("-")[0]),
+               alpha=1.0 if label == reference else 0.55 + 0.1 * (index % 4),
+               edgecolor="black" if label == reference else "none", hatch=_HATCHES[index % len(_HATCHES)])
+        bars = ax.errorbar(x, median, yerr=[np.clip(median - rows["steps_per_s_min"].to_numpy(dtype=float), 0, None),
+                                            np.clip(rows["steps_per_s_max"].to_numpy(dtype=float) - median, 0, None)],
+                           fmt="none", ecolor="black", alpha=0.6, capsize=2)
+        for cap in bars.lines[1]:
+            cap.set_gid(SPREAD_GID)
+    ax.set_xticks(np.arange(len(scenarios)))
+    ax.set_xticklabels(scenarios, rotation=15, ha="right")
+    ax.set_xlabel("scenario (model and NIC)")
+    ax.set_ylabel("steps per second (virtual time)")
+    return _finish(figure, [ax], title)
+
+
+_HATCHES = ["", "//", "..", "xx", "\\\\", "--"]
+
 FIGURES = {
     "speedup_vs_latency": speedup_vs_latency,
     "throughput_vs_bandwidth": throughput_vs_bandwidth,
     "accuracy_vs_bytes": accuracy_vs_bytes,
     "async_vs_sync": async_vs_sync,
     "loss_accuracy_vs_time": loss_accuracy_vs_time,
+    "curves_with_seed_band": curves_with_seed_band,
+    "eawild_crossover": eawild_crossover,
+    "steps_per_s_by_baseline": steps_per_s_by_baseline,
 }

@@ -207,6 +207,46 @@ def load_results(run_dirs: Iterable, loaded: Optional[dict] = None, summaries: O
                    pd.concat(evals, ignore_index=True) if evals else pd.DataFrame(), faults)
 
 
+
+EVIDENCE_MARKER = "MANIFEST.json"   # harness/evidence.py writes it into every evidence folder
+
+
+def committed_summary(run_dir) -> Optional[pd.DataFrame]:
+    """An evidence folder's (results/papers/<figure>/<run-id>/, `wanbench evidence`) committed
+    summary.csv, with the columns summaries have now (an older one lacks a few: left empty); None
+    for a run directory that is not evidence. Evidence keeps thinned evaluations and no step
+    records, so its summary cannot be recomputed from its files: the committed one is the record
+    (tests/harness/test_papers.py checks it against the evaluations it keeps)."""
+    run_dir = Path(run_dir)
+    if not (run_dir / EVIDENCE_MARKER).is_file() or not (run_dir / "summary.csv").is_file():
+        return None
+    summary = pd.read_csv(run_dir / "summary.csv")
+    columns = list(SUMMARY_COLUMNS)
+    if "phase" in summary:
+        columns.insert(columns.index("seed") + 1, "phase")
+    return summary.reindex(columns=columns)
+
+
+def load_folder(path) -> Optional[Results]:
+    """Every run below `path` (a run directory, a folder of them, or an evidence folder) that has
+    jobs, loaded as `load_results` does, evidence with its committed summary; None when there is
+    none (a tuning protocol's record folder holds no jobs)."""
+    root = Path(path)
+    run_dirs = [d for d in (find_run_dirs(root) if root.is_dir() else []) if (d / "jobs").is_dir()]
+    if not run_dirs:
+        return None
+    summaries = {d: s for d in run_dirs if (s := committed_summary(d)) is not None}
+    results = load_results(run_dirs, summaries=summaries)
+    # `wanbench evidence` copies complete runs only (it refuses a partial one) and leaves the
+    # COMPLETE marker behind: an evidence folder is complete by construction
+    evidence = {run.name for run in results.runs if run.path in summaries}
+    for run in results.runs:
+        run.complete = run.complete or run.name in evidence
+    for frame in (results.summary, results.steps, results.evals):
+        if len(frame) and "run" in frame:
+            frame.loc[frame["run"].isin(evidence), "run_complete"] = True
+    return results
+
 # --- markdown ---------------------------------------------------------------------------------------
 
 
