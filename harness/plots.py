@@ -58,6 +58,9 @@ _MARKERS = ["o", "s", "^", "D", "v", "P"]
 REFERENCE_GID = "reference"
 SPREAD_GID = "seed-spread"  # the caps of min-max bars over seeds
 FAULT_GID = "fault"         # vertical marks (and their labels) at fault events
+BAND_GID = "seed-band"          # the min-max band over seeds around a median curve
+FIRST_SYNC_GID = "first-sync"   # vertical marks where a label's first synchronisation was applied
+CROSSOVER_GID = "crossover"     # vertical marks where a median speedup crosses 1
 ONE_POINT_NOTE = "one sweep point: no trend to read"
 FAILED_FAULT_COLOR = "#D62728"
 FAULT_TEXT_COLOR = "#444444"
@@ -67,7 +70,8 @@ FAULT_LABEL_MERGE_FRACTION = 0.02
 
 def series_lines(ax) -> list:
     """The lines of `ax` that are data series (not reference lines, error-bar caps or fault marks)."""
-    return [line for line in ax.get_lines() if line.get_gid() not in (REFERENCE_GID, SPREAD_GID, FAULT_GID)]
+    marks = (REFERENCE_GID, SPREAD_GID, FAULT_GID, FIRST_SYNC_GID, CROSSOVER_GID)
+    return [line for line in ax.get_lines() if line.get_gid() not in marks]
 
 
 def fault_lines(ax) -> list:
@@ -607,9 +611,6 @@ def async_vs_sync(summary: pd.DataFrame, steps: pd.DataFrame, *, metric: str = "
 
 # --- the paper figures drawn from committed evidence (results/papers/) ------------------------------
 
-BAND_GID = "seed-band"          # the min-max band over seeds around a median curve
-FIRST_SYNC_GID = "first-sync"   # vertical marks where a label's first synchronisation was applied
-CROSSOVER_GID = "crossover"     # vertical marks where a median speedup crosses 1
 
 
 def _seed_band(rows: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
@@ -667,7 +668,7 @@ def curves_with_seed_band(curves: pd.DataFrame, *, y: str, y_label: str, panels:
         if not ax.lines:
             _note(ax, "no data: no step that every seed of a label evaluated", "center")
     if any(line.get_gid() == FIRST_SYNC_GID for ax in axes for line in ax.lines):
-        axes[0].plot([], [], color="grey", linestyle=":", label="first sync applied (dotted)")
+        axes[0].plot([], [], color="grey", linestyle=":", label="first sync applied (dotted)", gid=FIRST_SYNC_GID)
     return _finish(figure, axes, title)
 
 
