@@ -121,8 +121,8 @@ def curves(reported: pd.DataFrame) -> pd.DataFrame:
 
 
 def first_syncs(reported: pd.DataFrame) -> dict:
-    """label -> the earliest step a seed of it applied its first synchronisation (summary.csv)."""
-    return reported.groupby("label")["first_sync_step"].min().dropna().to_dict()
+    """label -> the step its first synchronisation was applied (summary.csv; median over seeds)."""
+    return reported.groupby("label")["first_sync_step"].median().dropna().to_dict()
 
 
 def figure(reported: pd.DataFrame):

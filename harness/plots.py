@@ -672,6 +672,37 @@ def curves_with_seed_band(curves: pd.DataFrame, *, y: str, y_label: str, panels:
     return _finish(figure, axes, title)
 
 
+def training_curves(evals: pd.DataFrame, summary: pd.DataFrame, *, target_accuracy: Optional[float] = None,
+                    target_loss: Optional[float] = None, title: str = "Training curves") -> list[Figure]:
+    """Per network point, `curves_with_seed_band` of the evaluations against training time and
+    against steps: accuracy when the run has a target accuracy or the records carry accuracy, else
+    the held-out loss; each label's first synchronisation (the median over its seeds of
+    summary's `first_sync_step`) marked, the target drawn.
+
+    Args:
+        evals: harness.report Results.evals (an evidence folder's thinned evaluations do).
+        summary: the rows to take first_sync_step from (Results.comparable()).
+        target_accuracy, target_loss: the run's stop targets (RunInfo), drawn when given.
+    """
+    figures = []
+    if not len(evals):
+        return figures
+    use_accuracy = target_accuracy is not None or (_has(evals, "accuracy") and target_loss is None)
+    y, y_label, target = (("accuracy", "accuracy (fraction)", target_accuracy) if use_accuracy
+                          else ("loss", "held-out loss (nats)", target_loss))
+    time_column = "train_time_s" if _has(evals, "train_time_s") else "time_s"
+    curves = evals.assign(steps_done=evals["step"] + 1)
+    for network in sorted(curves["network"].dropna().unique()):
+        rows = curves[curves["network"] == network]
+        firsts = summary[summary["network"] == network] if "first_sync_step" in summary else summary.iloc[0:0]
+        first_sync_step = firsts.groupby("label")["first_sync_step"].median().dropna().to_dict() if len(firsts) else {}
+        figures.append(curves_with_seed_band(
+            rows, y=y, y_label=y_label, target=target, first_sync_step=first_sync_step,
+            panels=[(time_column, "training time (s, log scale)"), ("steps_done", "steps per worker (count)")],
+            log_x=(time_column,), title=f"{title} at {network} (median of seeds, min-max band)"))
+    return figures
+
+
 def eawild_crossover(frame: pd.DataFrame, crossings: Optional[dict] = None, *,
                      title: str = "EA-wild vs sync: the crossover (median of seeds, min-max)") -> Figure:
     """EA-wild's speedup over sync (time to target) against compute / sync's communication per
@@ -740,8 +771,8 @@ def steps_per_s_by_baseline(table: pd.DataFrame, *, reference: str = "p3",
         rows = table[table["label"] == label].set_index("scenario").reindex(scenarios)
         x = np.arange(len(scenarios)) + (index - (len(labels) - 1) / 2) * width
         median = rows["steps_per_s_median"].to_numpy(dtype=float)
-        ax.bar(x, median, width, label=label, color=color_for(label.split("-")[0]),
-               alpha=1.0 if label == reference else 0.55 + 0.1 * (index % 4),
+        color = PALETTE.get(label, _FALLBACK[index % len(_FALLBACK)])   # variants (ps_sync-2mb) apart
+        ax.bar(x, median, width, label=label, color=color, alpha=1.0 if label == reference else 0.75,
                edgecolor="black" if label == reference else "none", hatch=_HATCHES[index % len(_HATCHES)])
         bars = ax.errorbar(x, median, yerr=[np.clip(median - rows["steps_per_s_min"].to_numpy(dtype=float), 0, None),
                                             np.clip(rows["steps_per_s_max"].to_numpy(dtype=float) - median, 0, None)],

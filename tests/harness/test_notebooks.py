@@ -1,5 +1,7 @@
-"""The seed-paper notebooks: valid, outputs stripped, and one executed end to end with nbclient
-against a synthetic results folder (passed through WANBENCH_RESULTS_DIR) and against none."""
+"""The seed-paper notebooks: valid, outputs stripped, pointed at the committed evidence
+(results/papers/; SwarmSGD, not re-measured, at results/examples/), and executed end to end with
+nbclient: each on its own default folders, one against a synthetic results folder (passed through
+WANBENCH_RESULTS_DIR) and one against none."""
 
 from __future__ import annotations
 
@@ -11,8 +13,19 @@ from tests.harness.test_report import sync_and_dts, write_run
 nbformat = pytest.importorskip("nbformat", reason="notebook tests need nbformat (pip install -e '.[test]')")
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
-NAMES = ["dts_speedup_vs_latency", "p3_throughput_vs_bandwidth", "swarmsgd_time_to_accuracy",
-         "eawild_async_vs_sync"]
+ROOT = NOTEBOOKS.parent
+# notebook -> (the folders its RESULTS_DIRS names by default, the figures it draws from them:
+# DTS: dts-90x's speedup vs latency and its two network points' curves, dts-fmnist's and dts-lm's
+# curves; EA-wild: the crossover and the same with the TCP window kept)
+DEFAULTS = {
+    "dts_speedup_vs_latency": (["results/papers/dts-90x/", "results/papers/dts-fmnist/", "results/papers/dts-lm/"], 5),
+    "p3_throughput_vs_bandwidth": (["results/papers/p3/"], 1),
+    "swarmsgd_time_to_accuracy": (["results/examples/swarmsgd_time_to_accuracy/"], 2),
+    "eawild_async_vs_sync": ([f"results/papers/eawild-sweep/{run}" for run in (
+        "20261126-182918", "20261126-184521", "20261126-185917", "20261126-185842", "20261126-185844")], 2),
+    "diloco_loss_vs_tokens": (["results/papers/diloco-lm/"], 1),
+}
+NAMES = list(DEFAULTS)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -22,7 +35,13 @@ def test_notebook_is_valid_stripped_and_uses_emulator_plots(name):
     code = [cell for cell in nb.cells if cell.cell_type == "code"]
     assert all(not cell.outputs and cell.execution_count is None for cell in code)
     assert "parameters" in code[0].metadata.get("tags", [])
-    assert f"results/examples/{name}/" in code[0].source and "WANBENCH_RESULTS_DIR" in code[0].source
+    folders, _ = DEFAULTS[name]
+    assert f'"{":".join(folders)}"' in code[0].source and "WANBENCH_RESULTS_DIR" in code[0].source
+    assert all((ROOT / folder).is_dir() for folder in folders)
+    if name != "swarmsgd_time_to_accuracy":   # the one paper without committed evidence says so
+        assert all(folder.startswith("results/papers/") for folder in folders)
+    else:
+        assert "not re-measured" in nb.cells[0].source and "results/examples/" in nb.cells[0].source
     source = "\n".join(cell.source for cell in code)
     assert "plots." in source and "import matplotlib.pyplot" not in source and ".plot(" not in source
 
@@ -44,7 +63,8 @@ def test_dts_notebook_draws_its_figure_from_a_results_folder(tmp_path, monkeypat
     write_run(tmp_path / "runs", jobs)
     outputs = execute("dts_speedup_vs_latency", str(tmp_path / "runs"), monkeypatch)
     assert not [o for o in outputs if o.output_type == "error"]
-    assert sum("image/png" in o.get("data", {}) for o in outputs) == 1
+    # the speedup against latency, then one figure of training curves per network point
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 1 + 3
     assert "1 run(s), 6 job(s)" in "".join(o.get("text", "") for o in outputs)
 
 
@@ -55,16 +75,21 @@ def test_notebook_without_results_stops_gracefully(tmp_path, monkeypatch):
     assert "No run directories under" in "".join(o.get("text", "") for o in outputs)
 
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "results" / "examples"
-
-
 @pytest.mark.parametrize("name", NAMES)
-def test_notebook_runs_on_the_committed_example_results(name, monkeypatch):
-    """Each notebook regenerates its figure from the real run committed under results/examples/."""
-    folder = EXAMPLES / name
-    if not folder.is_dir():
-        pytest.skip(f"no committed example results in {folder}")
-    monkeypatch.delenv("WANBENCH_RESULTS_DIR", raising=False)  # the notebook's own default path
-    outputs = execute(name, str(folder), monkeypatch)
+def test_notebook_runs_on_the_committed_evidence(name, monkeypatch):
+    """Each notebook, on its own default folders (no WANBENCH_RESULTS_DIR), redraws its figures
+    from the committed evidence and names every folder it drew."""
+    folders, figures = DEFAULTS[name]
+    monkeypatch.delenv("WANBENCH_RESULTS_DIR", raising=False)
+    pytest.importorskip("nbclient", reason="notebook execution needs nbclient and ipykernel")
+    pytest.importorskip("ipykernel", reason="notebook execution needs ipykernel")
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    NotebookClient(nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+    outputs = [output for cell in nb.cells if cell.cell_type == "code" for output in cell.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
-    assert sum("image/png" in o.get("data", {}) for o in outputs) >= 1
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == figures
+    text = "".join(o.get("text", "") for o in outputs)
+    assert "No run directories" not in text and "Nothing to draw" not in text
+    assert all(Path(folder).name in text for folder in folders), text[:500]
