@@ -130,3 +130,21 @@ def test_evidence_loads_with_its_committed_summary():
     assert sorted(results.comparable()["speedup_vs_sync"].dropna()) == pytest.approx(
         sorted(committed["speedup_vs_sync"].dropna()))
     assert load_folder(PAPERS / "dts-fmnist" / "20261126-104700-tuning") is None   # tuning record: no jobs
+
+
+def test_training_curves_one_figure_per_network_accuracy_or_loss_and_median_first_sync():
+    curves = made_up_curves().rename(columns={"time_min": "train_time_s"}).assign(accuracy=lambda f: 1 / f["loss"])
+    evals = pd.concat([curves.assign(network="delay1"), curves.assign(network="delay4")], ignore_index=True)
+    summary = pd.DataFrame({"network": ["delay1"] * 3 + ["delay4"], "label": ["diloco-H5"] * 3 + ["sync"],
+                            "first_sync_step": [4, 9, 29, 0]})
+    figures = plots.training_curves(evals, summary, target_accuracy=0.6)
+    assert [f.get_suptitle().split(" at ")[1].split(" ")[0] for f in figures] == ["delay1", "delay4"]
+    time_panel, steps_panel = figures[0].axes
+    assert time_panel.get_ylabel() == "accuracy (fraction)" and time_panel.get_xscale() == "log"
+    assert steps_panel.get_xlabel() == "steps per worker (count)"
+    marks = [line.get_xdata()[0] for line in steps_panel.lines if line.get_gid() == plots.FIRST_SYNC_GID]
+    assert marks == [10.0]   # the median of steps 4, 9, 29 (step 9 = 10 steps done); sync has none at delay1
+    (loss_figure, _) = plots.training_curves(evals, summary, target_loss=1.3)
+    assert loss_figure.axes[0].get_ylabel() == "held-out loss (nats)"
+    assert [line.get_ydata()[0] for line in loss_figure.axes[0].lines if line.get_gid() == plots.REFERENCE_GID] == [1.3]
+    assert plots.training_curves(evals.iloc[0:0], summary) == []
