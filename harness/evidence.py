@@ -7,8 +7,12 @@ what its numbers are computed from. `write_evidence` copies into
 - the run's `summary.csv`, `scenario.json` and `environment.json` as they are;
 - `across_seeds.csv`: the summary aggregated over seeds (`results.across_seeds`);
 - per job, `jobs/<job-id>/job.json` as it is, `eval.jsonl` thinned (`thin_evals`: the rule is
-  below) and `first_syncs.jsonl`: per rank, the first step record that applied a synchronisation
-  (`syncs_applied` > 0), the record `first_sync_step` comes from;
+  below), `first_syncs.jsonl`: per rank, the first step record that applied a synchronisation
+  (`syncs_applied` > 0), the record `first_sync_step` comes from, and for an algorithm with a
+  data-parallel warm-up (`warmup_steps` in the job's params: DiLoCo, local SGD) also the first
+  after it (its own mechanism's first sync, which `first_sync_step`, at the warm-up's step 0,
+  does not show), and `steps.jsonl`: rank 0's step records at the kept evaluations' steps and
+  at its last step (bytes sent so far, blocked time, lr at those points);
 - `MANIFEST.json` and `README.md`: the command, the date, the machine and its load, the git commit,
   the thinning rule and what each file holds.
 
@@ -20,7 +24,7 @@ accuracy). Every number the summary derives from evaluations (final and best acc
 target before output_sync_s, accuracy at either budget, the last evaluation's step and time) is
 then the same from the thinned file (tests/harness/test_papers.py recomputes them).
 
-Not committed: the rank records (steps/s, bytes, blocked time, output_sync_s and
+Not committed: the rank records beyond those (steps/s, bytes, blocked time, output_sync_s and
 syncs_before_target are read from summary.csv, the run's own), config.json, snapshots, logs.
 """
 
@@ -46,6 +50,7 @@ from .rundir import EVAL_FILE, RunDir
 PAPERS_ROOT = RESULTS / "papers"   # committed evidence of docs/RESULTS.md's headlines
 EVERY_KTH = 10                     # thinning: every 10th evaluation (plus the ones the numbers need)
 FIRST_SYNCS_FILE = "first_syncs.jsonl"
+STEPS_FILE = "steps.jsonl"
 RUN_FILES = ("summary.csv", "scenario.json", "environment.json")
 # copied where the run has it: a tuned run's protocol, candidates, scores and picks (harness/tuning.py)
 OPTIONAL_RUN_FILES = ("tuning.json",)
@@ -100,15 +105,29 @@ def thin_evals(records: list[dict], every: int = EVERY_KTH, target_accuracy: Opt
     return [ordered[i] for i in sorted(keep)]
 
 
-def first_syncs(rank_records: list[tuple[Path, list[dict]]]) -> list[dict]:
+def first_syncs(rank_records: list[tuple[Path, list[dict]]], after_step: int = 0) -> list[dict]:
     """Per rank file, its first step record with `syncs_applied` > 0 (none for a rank that
-    applied none, or records that do not count them)."""
+    applied none, or records that do not count them); with `after_step` > 0 also its first at or
+    after that step (a warm-up's end), where that is another record."""
     out = []
     for _, records in rank_records:
-        first = next((r for r in records if r.get("kind") == "step" and (r.get("syncs_applied") or 0) > 0), None)
-        if first is not None:
-            out.append(first)
+        syncs = [r for r in records if r.get("kind") == "step" and (r.get("syncs_applied") or 0) > 0]
+        if syncs:
+            out.append(syncs[0])
+        later = next((r for r in syncs if r.get("step", -1) >= after_step), None) if after_step > 0 else None
+        if later is not None and later is not syncs[0]:
+            out.append(later)
     return out
+
+
+def rank0_steps_at(rank_records: list[tuple[Path, list[dict]]], steps: set) -> list[dict]:
+    """Rank 0's step records at `steps` and its last step record, in step order."""
+    for path, records in rank_records:
+        if path.name == "rank0.jsonl":
+            step_records = [r for r in records if r.get("kind") == "step"]
+            last = step_records[-1:]
+            return [r for r in step_records if r.get("step") in steps or r is (last[0] if last else None)]
+    return []
 
 
 def _in_band_evals(rank_records: list[tuple[Path, list[dict]]]) -> list[dict]:
@@ -190,9 +209,13 @@ def write_evidence(run_dir, figure: str, papers_root: Path = PAPERS_ROOT, every:
                           budget_steps, budget_time_s)
         kept_total, evals_total = kept_total + len(kept), evals_total + len(evals)
         (job_out / EVAL_FILE).write_text(_jsonl(kept))
-        syncs = first_syncs(job.rank_records)
+        warmup = (job.info.get("params") or {}).get("warmup_steps") or 0
+        syncs = first_syncs(job.rank_records, after_step=int(warmup))
         if syncs:
             (job_out / FIRST_SYNCS_FILE).write_text(_jsonl(syncs))
+        steps = rank0_steps_at(job.rank_records, {r.get("step") for r in kept})
+        if steps:
+            (job_out / STEPS_FILE).write_text(_jsonl(steps))
     env = run.environment
     made = environment()
     manifest = {
@@ -237,7 +260,9 @@ def _readme(manifest: dict) -> str:
         "(the run's own), `across_seeds.csv` "
         "(harness/results.py `across_seeds` of summary.csv), `jobs/<job-id>/job.json` (the job's own), "
         "`jobs/<job-id>/eval.jsonl` (thinned), `jobs/<job-id>/first_syncs.jsonl` (per rank, the first step "
-        "record that applied a synchronisation). docs/RESULTS.md's numbers are recomputed from these by "
+        "record that applied a synchronisation, and the first after a data-parallel warm-up where the "
+        "algorithm has one), `jobs/<job-id>/steps.jsonl` (rank 0's step records at the kept evaluations' "
+        "steps and its last). docs/RESULTS.md's numbers are recomputed from these by "
         "tests/harness/test_papers.py (results/papers/table.yaml says which number comes from where).",
         "",
     ])

@@ -320,6 +320,8 @@ def test_write_evidence_copies_a_run(tmp_path):
     full = jobs[0].evals  # written in-band, as runs before the evaluator did: copied as eval.jsonl
     thin = JobDir(job_folders[0]).evals
     assert 0 < len(thin) < len(full) and {r["step"] for r in thin} <= set(full)
+    steps = [json.loads(line) for line in (job_folders[0] / "steps.jsonl").read_text().splitlines()]
+    assert {r["step"] for r in steps} == {r["step"] for r in thin} | {39}   # + rank 0's last step
     manifest = json.loads((made.folder / "MANIFEST.json").read_text())
     assert manifest["run_command"] == "wanbench run x.yaml" and manifest["thinning"]["every"] == 5
     assert manifest["evaluations"] == 3 * len(full) and "reduced" in (made.folder / "README.md").read_text()
@@ -330,6 +332,28 @@ def test_write_evidence_copies_a_run(tmp_path):
     tuned = write_evidence(run_dir, "fig-1", tmp_path / "papers", every=5)
     assert (tuned.folder / "tuning.json").read_text() == (run_dir / "tuning.json").read_text()
     assert "`tuning.json`" in (tuned.folder / "README.md").read_text()
+
+
+def test_first_syncs_after_a_warm_up_and_rank0_steps(tmp_path):
+    """A data-parallel warm-up syncs from step 0: first_syncs also keeps each rank's first sync at
+    or after the warm-up's end (the algorithm's own mechanism); rank 0's step records are kept at
+    the evaluations' steps and at its last step."""
+    from harness.evidence import first_syncs, rank0_steps_at
+
+    def records(rank):   # warm-up syncs at steps 0-3, then an outer step at 7 (rank 1: at 8)
+        outer = 7 + rank
+        return [{"kind": "step", "rank": rank, "step": s, "bytes_sent_total": 10 * (s + 1),
+                 "syncs_applied": 1 if s < 4 or s == outer else 0} for s in range(10)]
+
+    ranks = [(tmp_path / f"rank{r}.jsonl", records(r)) for r in (0, 1)]
+    assert [(r["rank"], r["step"]) for r in first_syncs(ranks)] == [(0, 0), (1, 0)]
+    assert [(r["rank"], r["step"]) for r in first_syncs(ranks, after_step=4)] == [(0, 0), (0, 7), (1, 0), (1, 8)]
+    # a warm-up whose last step is the first sync: no second copy of the same record
+    assert [(r["rank"], r["step"]) for r in first_syncs(ranks, after_step=3)] == [(0, 0), (0, 3), (1, 0), (1, 3)]
+    assert len(first_syncs([(tmp_path / "rank0.jsonl", records(0)[4:])], after_step=4)) == 1
+    kept = rank0_steps_at(ranks, {2, 5})
+    assert [(r["rank"], r["step"], r["bytes_sent_total"]) for r in kept] == [(0, 2, 30), (0, 5, 60), (0, 9, 100)]
+    assert rank0_steps_at([(tmp_path / "rank1.jsonl", records(1))], {2}) == []
 
 
 def test_write_evidence_refuses_a_partial_run_and_a_bad_name(tmp_path):
