@@ -13,9 +13,12 @@ Per label of the reported phase (seeds 1-3 at the tuning protocol's picks), from
   paper-diloco-lm-warm.yaml) the step of its first sync after the warm-up (its first outer step,
   from first_syncs.jsonl, earliest rank), since the warm-up all-reduces from step 0;
 * with a warm-up, bytes after it as well (what the paper's 500x counts: its runs start from a
-  pretrained model): rank 0's bytes at its last step less its bytes at the warm-up's last step
-  (steps.jsonl in evidence, rank0.jsonl in a run folder); sync's over the same steps (the largest
-  warm-up among the labels), and sync's bytes after the warm-up over the label's;
+  pretrained model): the per-node mean (summary.csv's ``bytes_sent_per_node``) times the share of
+  rank 0's bytes sent after the warm-up's last step (steps.jsonl in evidence, rank0.jsonl in a run
+  folder: rank 0's total at its last step less at step warm-up - 1, over its total). Rank 0's share,
+  not its bytes: in sync rank 0 is the root of the per-step buffer broadcast and sends more than
+  the others (0.8 % here), while every rank's share is the same. Sync's over the same steps (the
+  largest warm-up among the labels), and sync's bytes after the warm-up over the label's;
 * virtual time of the run (the compute model's 0.1 s a step plus the simulated WAN), and compute
   utilisation (compute over wall, virtual).
 
@@ -46,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # harness, run fro
 BASELINE = "sync"
 LOSS_GAP_GOAL = 0.02
 BYTES_GOAL = 100.0
+SPARSE_BYTES_GOAL = 20.0   # SparseLoCo: >= 20x fewer bytes than DiLoCo at no worse a loss (issue 24)
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -82,13 +86,13 @@ def rank0_bytes(job_dir: Path) -> dict:
             if r.get("kind") == "step" and r.get("bytes_sent_total") is not None}
 
 
-def bytes_after(job_dir: Path, warmup: int) -> float:
-    """Rank 0's bytes sent after step warmup - 1 (its last step's total less that step's); nan
-    when the records do not hold that step."""
+def share_after(job_dir: Path, warmup: int) -> float:
+    """The share of rank 0's bytes sent after step warmup - 1 (its last step's total less that
+    step's, over its last step's total); nan when the records do not hold that step."""
     sent = rank0_bytes(job_dir)
-    if not sent or (warmup - 1) not in sent:
+    if not sent or (warmup - 1) not in sent or not sent[max(sent)]:
         return math.nan
-    return sent[max(sent)] - sent[warmup - 1]
+    return (sent[max(sent)] - sent[warmup - 1]) / sent[max(sent)]
 
 
 def first_sync_after(job_dir: Path, warmup: int) -> float:
@@ -117,14 +121,18 @@ def rows_of(run: Path) -> pd.DataFrame:
     summary["warmup_steps"] = warmups
     # the comparison's warm-up: the largest among the labels (sync's bytes are counted after it too)
     warm = max(warmups, default=0)
-    summary["bytes_after_warmup"] = [bytes_after(d, warm) if warm else math.nan for d in job_dirs]
+    summary["bytes_after_warmup"] = [row["bytes_sent_per_node"] * share_after(d, warm) if warm else math.nan
+                                     for (_, row), d in zip(summary.iterrows(), job_dirs)]
     summary["first_sync_after_warmup"] = [first_sync_after(d, w) if w else math.nan
                                           for d, w in zip(job_dirs, warmups)]
     return summary
 
 
-def label_table(reported: pd.DataFrame) -> pd.DataFrame:
-    sync = reported[reported["label"] == BASELINE].set_index("seed")
+def label_table(reported: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
+    """Per label: loss (median, min-max), its gap to `baseline`'s (medians, and seed by seed), bytes
+    and `baseline`'s bytes over the label's (the columns keep the name `sync_*` whatever the
+    baseline; the CSV's `baseline` column names it)."""
+    sync = reported[reported["label"] == baseline].set_index("seed")
     sync_loss = sync["val_loss"].median()
     sync_bytes = sync["bytes_sent_per_node"].median()
     sync_after = sync["bytes_after_warmup"].median() if "bytes_after_warmup" in sync else math.nan
@@ -135,7 +143,7 @@ def label_table(reported: pd.DataFrame) -> pd.DataFrame:
         loss = group["val_loss"].median()
         nbytes = group["bytes_sent_per_node"].median()
         out.append({
-            "label": label, "algorithm": group["algorithm"].iloc[0], "seeds": len(group),
+            "label": label, "baseline": baseline, "algorithm": group["algorithm"].iloc[0], "seeds": len(group),
             "lr": group["tuned"].iloc[0] if "tuned" in group else "",
             "val_loss": loss, "val_loss_min": group["val_loss"].min(), "val_loss_max": group["val_loss"].max(),
             "gap_pct": (loss / sync_loss - 1) * 100,
@@ -211,21 +219,26 @@ def main(argv=None) -> int:
     parser.add_argument("run", type=Path, help="a run folder of scenarios/paper-diloco-lm.yaml")
     parser.add_argument("--csv", type=Path, help="write the per-label table here")
     parser.add_argument("--figure", type=Path, help="loss vs tokens and vs virtual time (PNG; SVG beside it)")
+    parser.add_argument("--baseline", default=BASELINE,
+                        help="the label the gaps and byte ratios are against (default sync; "
+                             "paper-sparseloco-lm.yaml: diloco-H15, and SparseLoCo's verdict is printed)")
     args = parser.parse_args(argv)
     rows = rows_of(args.run)
     phase = rows["phase"] if "phase" in rows else pd.Series("reported", index=rows.index)
     reported, tuning = rows[phase == "reported"], rows[phase == "tuning"]
-    if BASELINE not in set(reported["label"]):
-        print(f"{args.run}: no ok '{BASELINE}' job in the reported phase", file=sys.stderr)
+    base = args.baseline
+    if base not in set(reported["label"]):
+        print(f"{args.run}: no ok '{base}' job in the reported phase", file=sys.stderr)
         return 2
-    table = label_table(reported)
+    table = label_table(reported, base)
     name = json.loads((args.run / "scenario.json").read_text()).get("name", "paper-diloco-lm")
     warm = int(table["warmup_steps"].max())
     print(f"# {name}, run {args.run}; backend sim (virtual time); {len(reported)} reported jobs"
           + (f"; data-parallel warm-up of {warm} steps" if warm else "") + "\n")
-    after_head = " | MB after warm-up (rank 0) | sync's / label's, after warm-up | first sync after warm-up" if warm else ""
-    print("| label | lr | seeds | val loss, median [min, max] | vs sync (medians) | vs sync, per seed | "
-          f"MB sent / node | sync's bytes / label's | first sync step{after_head} | virtual min | compute util |")
+    after_head = (f" | MB / node after warm-up | {base}'s / label's, after warm-up | first sync after warm-up"
+                  if warm else "")
+    print(f"| label | lr | seeds | val loss, median [min, max] | vs {base} (medians) | vs {base}, per seed | "
+          f"MB sent / node | {base}'s bytes / label's | first sync step{after_head} | virtual min | compute util |")
     print("|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if warm else "") + "---|---|")
     for _, r in table.iterrows():
         after = (f" | {r['bytes_after_warmup'] / 1e6:.1f} | {r['sync_bytes_ratio_after_warmup']:.1f}x | "
@@ -236,7 +249,13 @@ def main(argv=None) -> int:
               f"{r['gap_pct_seed_max']:+.2f} % | {r['bytes_per_node'] / 1e6:.1f} | {r['sync_bytes_ratio']:.1f}x | "
               f"{r['first_sync_step']:.0f}{after} | {r['virtual_s'] / 60:.1f} | {r['compute_utilisation']:.3f} |")
     print_tuning(tuning)
-    diloco = table[table["algorithm"] == "diloco"]
+    diloco = table[table["algorithm"] == "diloco"] if base == BASELINE else table.iloc[0:0]
+    for _, r in table[(table["algorithm"] == "sparseloco") & (base != BASELINE)].iterrows():
+        ratio = r["sync_bytes_ratio"]
+        print(f"\n{r['label']}: loss {r['gap_pct']:+.2f} % vs {base} (goal <= 0: "
+              f"{'met' if r['gap_pct'] <= 0 else 'not met'}; per seed {r['gap_pct_seed_min']:+.2f} to "
+              f"{r['gap_pct_seed_max']:+.2f} %), {ratio:.1f}x fewer bytes (goal >= {SPARSE_BYTES_GOAL:.0f}x: "
+              f"{'met' if ratio >= SPARSE_BYTES_GOAL else 'not met'})")
     for _, r in diloco.iterrows():
         loss_ok = r["gap_pct"] <= LOSS_GAP_GOAL * 100
         ratio = r["sync_bytes_ratio_after_warmup"] if warm else r["sync_bytes_ratio"]
