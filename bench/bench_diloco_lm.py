@@ -191,8 +191,9 @@ def first_syncs(reported: pd.DataFrame) -> dict:
     return first.groupby(reported["label"]).median().dropna().to_dict()
 
 
-def figure(reported: pd.DataFrame):
-    """Held-out loss vs tokens and vs virtual time (harness.plots `curves_with_seed_band`)."""
+def figure(reported: pd.DataFrame, what: str = "DiLoCo in miniature"):
+    """Held-out loss vs tokens and vs virtual time (harness.plots `curves_with_seed_band`); `what`
+    starts the title."""
     from harness import plots
 
     nodes = int(reported["nodes"].iloc[0])
@@ -202,12 +203,12 @@ def figure(reported: pd.DataFrame):
         panels=[("tokens_m", f"tokens seen, all {nodes} nodes (millions of bytes)"),
                 ("time_min", "virtual time (minutes; compute model 0.1 s a step)")],
         first_sync_step=first_syncs(reported), log_x=("time_min",),
-        title=f"DiLoCo in miniature: {nodes} nodes on aws-4region, byte LM, equal tokens"
+        title=f"{what}: {nodes} nodes on aws-4region, byte LM, equal tokens"
               + (f", from {warm} data-parallel steps" if warm else "") + " (median of seeds, min-max band)")
 
 
-def draw(reported: pd.DataFrame, path: Path) -> None:
-    drawn = figure(reported)
+def draw(reported: pd.DataFrame, path: Path, what: str = "DiLoCo in miniature") -> None:
+    drawn = figure(reported, what)
     path.parent.mkdir(parents=True, exist_ok=True)
     drawn.savefig(path, dpi=130)
     drawn.savefig(path.with_suffix(".svg"))
@@ -269,7 +270,8 @@ def main(argv=None) -> int:
         table.to_csv(args.csv, index=False)
         print(f"wrote {args.csv}")
     if args.figure:
-        draw(reported, args.figure)
+        others = [label for label in table["label"] if label != base]
+        draw(reported, args.figure, "DiLoCo in miniature" if base == BASELINE else f"{', '.join(others)} against {base}")
     return 0
 
 
