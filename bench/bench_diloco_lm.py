@@ -144,7 +144,7 @@ def label_table(reported: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFram
         nbytes = group["bytes_sent_per_node"].median()
         out.append({
             "label": label, "baseline": baseline, "algorithm": group["algorithm"].iloc[0], "seeds": len(group),
-            "lr": group["tuned"].iloc[0] if "tuned" in group else "",
+            "lr": group["tuned"].iloc[0] if "tuned" in group and pd.notna(group["tuned"].iloc[0]) else "untuned",
             "val_loss": loss, "val_loss_min": group["val_loss"].min(), "val_loss_max": group["val_loss"].max(),
             "gap_pct": (loss / sync_loss - 1) * 100,
             "gap_pct_seed_min": min(paired) if paired else math.nan,
