@@ -96,11 +96,15 @@ def share_after(job_dir: Path, warmup: int) -> float:
 
 
 def first_sync_after(job_dir: Path, warmup: int) -> float:
-    """The earliest rank's first sync at or after step `warmup` (first_syncs.jsonl), nan if none."""
-    records = read_jsonl(job_dir / "first_syncs.jsonl") or [
-        r for path in sorted(job_dir.glob("rank*.jsonl")) for r in read_jsonl(path)]   # a run folder
-    steps = [r["step"] for r in records
-             if r.get("kind") == "step" and (r.get("syncs_applied") or 0) > 0 and r.get("step", -1) >= warmup]
+    """The earliest rank's first sync at or after step `warmup` (evidence's first_syncs.jsonl; in a
+    run folder, harness.evidence's `first_syncs` of the rank records, as `wanbench evidence` writes
+    that file), nan if none."""
+    from harness.evidence import first_syncs as evidence_first_syncs
+    from harness.rundir import JobDir
+
+    records = read_jsonl(job_dir / "first_syncs.jsonl") or evidence_first_syncs(
+        JobDir(job_dir).rank_records, after_step=warmup)
+    steps = [r["step"] for r in records if r.get("step", -1) >= warmup]
     return min(steps) if steps else math.nan
 
 
