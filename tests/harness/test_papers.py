@@ -410,3 +410,35 @@ def test_the_command_writes_evidence_and_refuses_bad_input(tmp_path):
     assert len(JobDir(next((papers / "fig" / run_dir.name / "jobs").iterdir())).evals) < 20
     assert main(["evidence", str(run_dir), "--figure", "fig", "--out", str(papers), "--every", "0"]) == 2
     assert main(["evidence", str(tmp_path / "nowhere"), "--figure", "fig", "--out", str(papers)]) == 2
+
+
+# DiLoCo-family tables of docs/RESULTS.md (sections 14 and 17): (evidence run, committed CSV, baseline)
+DILOCO_TABLES = [
+    ("diloco-lm/20261126-215937", "diloco-lm/diloco-lm.csv", "sync"),
+    ("diloco-lm-warm/20261127-015446", "diloco-lm-warm/diloco-lm-warm.csv", "sync"),
+    ("sparseloco-lm/20261127-021949", "sparseloco-lm/sparseloco-lm.csv", "diloco-H15"),
+    ("hierarchical-lm/20261127-024434", "hierarchical-lm/hierarchical-lm-8.csv", "diloco-H125"),
+    ("hierarchical-lm/20261127-025456", "hierarchical-lm/hierarchical-lm-16.csv", "diloco-H125"),
+]
+
+
+@pytest.mark.parametrize("run, table, baseline", DILOCO_TABLES, ids=[t[1] for t in DILOCO_TABLES])
+def test_diloco_family_tables_are_recomputed_from_their_evidence(run, table, baseline):
+    """bench/bench_diloco_lm.py on the committed evidence gives the committed CSV: losses (median,
+    min, max), gaps to the baseline, bytes and their ratios, first syncs (after a warm-up too)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_diloco_lm", ROOT / "bench" / "bench_diloco_lm.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = bench.rows_of(PAPERS_ROOT / run)
+    reported = rows[rows["phase"] == "reported"] if "phase" in rows else rows   # an untuned run: all reported
+    recomputed = bench.label_table(reported, baseline).set_index("label")
+    committed = pd.read_csv(PAPERS_ROOT / table).set_index("label")
+    assert sorted(recomputed.index) == sorted(committed.index)
+    columns = ["val_loss", "val_loss_min", "val_loss_max", "gap_pct", "gap_pct_seed_min", "gap_pct_seed_max",
+               "bytes_per_node", "sync_bytes_ratio", "first_sync_step", "first_sync_after_warmup",
+               "bytes_after_warmup", "sync_bytes_ratio_after_warmup"]
+    for column in columns:
+        pd.testing.assert_series_equal(recomputed.loc[committed.index, column].astype(float),
+                                       committed[column].astype(float), check_names=False, rtol=1e-9)
