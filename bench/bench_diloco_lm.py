@@ -28,6 +28,9 @@ bytes. The tuning phase's candidates (seed 0) are printed with their losses and 
     .venv/bin/python bench/bench_diloco_lm.py results/papers/diloco-lm/<run> \
         --csv results/papers/diloco-lm/diloco-lm.csv --figure results/papers/diloco-lm/loss.png
 
+``--with RUN`` (repeatable) joins another run of the same workload (its controls, run apart at the
+main run's pick: paper-diloco-lm-b64-controls.yaml) to the table and figure; seeds pair across runs.
+
 ``--figure``: held-out loss against tokens seen (all nodes) and against virtual time, one line
 per label (median over seeds, min-max band), each label's first synchronisation marked
 (harness.plots `curves_with_seed_band`).
@@ -108,28 +111,62 @@ def first_sync_after(job_dir: Path, warmup: int) -> float:
     return min(steps) if steps else math.nan
 
 
-def rows_of(run: Path) -> pd.DataFrame:
+def job_dir_of(run: Path, row) -> Path:
+    return run / "jobs" / f"{row['network']}-{row['label']}-seed{row['seed']}"
+
+
+def ok_jobs(run: Path) -> pd.DataFrame:
     summary = pd.read_csv(run / "summary.csv")
-    summary = summary[summary["status"] == "ok"].copy()
+    return summary[summary["status"] == "ok"].copy()
+
+
+def run_warmup(run: Path) -> int:
+    """The largest data-parallel warm-up among a run's ok jobs (0 without one)."""
+    return max((warmup_of(job_dir_of(run, row)) for _, row in ok_jobs(run).iterrows()), default=0)
+
+
+def rows_of(run: Path, warm: int | None = None) -> pd.DataFrame:
+    """A run's ok jobs (summary.csv) with their held-out curves and final losses, warm-ups, bytes
+    after the comparison's warm-up `warm` (default: the largest among the run's labels; sync's bytes
+    are counted after it too) and first syncs after their own warm-up."""
+    summary = ok_jobs(run)
     losses, curves, warmups, job_dirs = [], [], [], []
     tokens = tokens_per_node_step(run)
     for _, row in summary.iterrows():
-        job_dir = run / "jobs" / f"{row['network']}-{row['label']}-seed{row['seed']}"
+        job_dir = job_dir_of(run, row)
         curve = job_curve(job_dir, tokens * int(row["nodes"]))
         losses.append(curve["loss"].iloc[-1] if len(curve) else math.nan)
         curves.append(curve)
         warmups.append(warmup_of(job_dir))
         job_dirs.append(job_dir)
     summary["val_loss"] = losses
+    summary["lr_set"] = json.loads((run / "scenario.json").read_text())["spec"]["workload"].get("lr")
     summary["curve"] = curves
     summary["warmup_steps"] = warmups
-    # the comparison's warm-up: the largest among the labels (sync's bytes are counted after it too)
-    warm = max(warmups, default=0)
+    warm = max(warmups, default=0) if warm is None else warm
     summary["bytes_after_warmup"] = [row["bytes_sent_per_node"] * share_after(d, warm) if warm else math.nan
                                      for (_, row), d in zip(summary.iterrows(), job_dirs)]
     summary["first_sync_after_warmup"] = [first_sync_after(d, w) if w else math.nan
                                           for d, w in zip(job_dirs, warmups)]
     return summary
+
+
+def rows_of_runs(runs: list[Path]) -> pd.DataFrame:
+    """Several runs of one workload as one table's rows: the first run's (with its baseline) and its
+    controls run apart (paper-diloco-lm-b64-controls.yaml beside paper-diloco-lm-b64.yaml): every
+    run's reported jobs, bytes after the largest warm-up among all of them. Refuses runs whose
+    tokens per node and step, nodes or step budget differ (equal tokens is the comparison)."""
+    def shape(run: Path) -> tuple:
+        spec = json.loads((run / "scenario.json").read_text())["spec"]
+        return tokens_per_node_step(run), json.dumps(spec.get("nodes"), sort_keys=True), \
+            json.dumps(spec.get("stop"), sort_keys=True)
+    first = shape(runs[0])
+    for run in runs[1:]:
+        if shape(run) != first:
+            raise ValueError(f"{run}: tokens per node and step, nodes or stop differ from {runs[0]}'s "
+                             f"({shape(run)} against {first})")
+    warm = max(run_warmup(run) for run in runs)
+    return pd.concat([rows_of(run, warm) for run in runs], ignore_index=True)
 
 
 def label_table(reported: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
@@ -148,7 +185,9 @@ def label_table(reported: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFram
         nbytes = group["bytes_sent_per_node"].median()
         out.append({
             "label": label, "baseline": baseline, "algorithm": group["algorithm"].iloc[0], "seeds": len(group),
-            "lr": group["tuned"].iloc[0] if "tuned" in group and pd.notna(group["tuned"].iloc[0]) else "untuned",
+            "lr": group["tuned"].iloc[0] if "tuned" in group and pd.notna(group["tuned"].iloc[0])
+            else f"{group['lr_set'].iloc[0]} (set)" if "lr_set" in group and pd.notna(group["lr_set"].iloc[0])
+            else "untuned",
             "val_loss": loss, "val_loss_min": group["val_loss"].min(), "val_loss_max": group["val_loss"].max(),
             "gap_pct": (loss / sync_loss - 1) * 100,
             "gap_pct_seed_min": min(paired) if paired else math.nan,
@@ -214,22 +253,28 @@ def figure(reported: pd.DataFrame, what: str = "DiLoCo in miniature"):
 def draw(reported: pd.DataFrame, path: Path, what: str = "DiLoCo in miniature") -> None:
     drawn = figure(reported, what)
     path.parent.mkdir(parents=True, exist_ok=True)
-    drawn.savefig(path, dpi=130)
-    drawn.savefig(path.with_suffix(".svg"))
-    print(f"wrote {path} and {path.with_suffix('.svg')}")
+    drawn.savefig(path, dpi=130)   # one file, its format by the suffix (committed figures: PNG, small)
+    print(f"wrote {path}")
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run", type=Path, help="a run folder of scenarios/paper-diloco-lm.yaml")
+    parser.add_argument("--with", dest="others", type=Path, action="append", default=[],
+                        help="another run of the same workload whose reported jobs join the table "
+                             "(e.g. the controls run apart: paper-diloco-lm-b64-controls.yaml); repeatable")
     parser.add_argument("--csv", type=Path, help="write the per-label table here")
-    parser.add_argument("--figure", type=Path, help="loss vs tokens and vs virtual time (PNG; SVG beside it)")
+    parser.add_argument("--figure", type=Path, help="loss vs tokens and vs virtual time (PNG, or SVG by the suffix)")
     parser.add_argument("--baseline", default=BASELINE,
                         help="the label the gaps and byte ratios are against (default sync; "
                              "paper-sparseloco-lm.yaml: diloco-H15, and SparseLoCo's verdict is printed)")
     args = parser.parse_args(argv)
-    rows = rows_of(args.run)
-    phase = rows["phase"] if "phase" in rows else pd.Series("reported", index=rows.index)
+    try:
+        rows = rows_of_runs([args.run, *args.others]) if args.others else rows_of(args.run)
+    except ValueError as error:
+        print(error, file=sys.stderr)
+        return 2
+    phase = rows["phase"].fillna("reported") if "phase" in rows else pd.Series("reported", index=rows.index)
     reported, tuning = rows[phase == "reported"], rows[phase == "tuning"]
     base = args.baseline
     if base not in set(reported["label"]):

@@ -412,7 +412,8 @@ def test_the_command_writes_evidence_and_refuses_bad_input(tmp_path):
     assert main(["evidence", str(tmp_path / "nowhere"), "--figure", "fig", "--out", str(papers)]) == 2
 
 
-# DiLoCo-family tables of docs/RESULTS.md (sections 14 and 17): (evidence run, committed CSV, baseline)
+# DiLoCo-family tables of docs/RESULTS.md (sections 14 and 17): (evidence run, committed CSV, baseline);
+# "a+b": run a with its controls run apart in b
 DILOCO_TABLES = [
     ("diloco-lm/20261126-215937", "diloco-lm/diloco-lm.csv", "sync"),
     ("diloco-lm-warm/20261127-015446", "diloco-lm-warm/diloco-lm-warm.csv", "sync"),
@@ -431,8 +432,9 @@ def test_diloco_family_tables_are_recomputed_from_their_evidence(run, table, bas
     spec = importlib.util.spec_from_file_location("bench_diloco_lm", ROOT / "bench" / "bench_diloco_lm.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    rows = bench.rows_of(PAPERS_ROOT / run)
-    reported = rows[rows["phase"] == "reported"] if "phase" in rows else rows   # an untuned run: all reported
+    runs = [PAPERS_ROOT / name for name in run.split("+")]   # a run and its controls run apart
+    rows = bench.rows_of_runs(runs) if len(runs) > 1 else bench.rows_of(runs[0])
+    reported = rows[rows["phase"].fillna("reported") == "reported"] if "phase" in rows else rows   # untuned: all
     recomputed = bench.label_table(reported, baseline).set_index("label")
     committed = pd.read_csv(PAPERS_ROOT / table).set_index("label")
     assert sorted(recomputed.index) == sorted(committed.index)
@@ -442,3 +444,22 @@ def test_diloco_family_tables_are_recomputed_from_their_evidence(run, table, bas
     for column in columns:
         pd.testing.assert_series_equal(recomputed.loc[committed.index, column].astype(float),
                                        committed[column].astype(float), check_names=False, rtol=1e-9)
+
+
+def test_diloco_bench_joins_only_runs_of_one_workload():
+    """bench_diloco_lm --with joins a run's controls only at equal tokens: the cold run (1,000 steps)
+    and the warm one (1,500) are refused together; a run joined with itself keeps its warm-up."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_diloco_lm", ROOT / "bench" / "bench_diloco_lm.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    warm, cold = PAPERS_ROOT / "diloco-lm-warm/20261127-015446", PAPERS_ROOT / "diloco-lm/20261126-215937"
+    with pytest.raises(ValueError, match="differ"):
+        bench.rows_of_runs([warm, cold])
+    joined = bench.rows_of_runs([warm, warm])
+    alone = bench.rows_of(warm)
+    assert len(joined) == 2 * len(alone)
+    pd.testing.assert_series_equal(joined["bytes_after_warmup"].iloc[:len(alone)].reset_index(drop=True),
+                                   alone["bytes_after_warmup"].reset_index(drop=True))
+    assert bench.main([str(cold), "--with", str(warm)]) == 2
