@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
@@ -54,18 +55,6 @@ class ComputeProfile(BaseModel):
     step_s: float = Field(gt=0, le=3600)
     source: str = Field(min_length=1)
     description: str = ""
-    # Reserved for measured per-layer shares of step_s (one per module that owns parameters, in
-    # forward order, summing to 1), to replace the spread by multiply-accumulates
-    # (trainers/padding.py) once such a profile exists; refused until it is applied.
-    layer_fractions: Optional[list[float]] = None
-
-    @pydantic.field_validator("layer_fractions")
-    @classmethod
-    def _layer_fractions_not_applied_yet(cls, value):
-        if value is not None:
-            raise ValueError("reserved for measured per-layer shares of step_s and not applied yet (step_s is "
-                             "spread over the layers by multiply-accumulates, trainers/padding.py): remove it")
-        return value
 
 
 def load_profile(reference: str, scenario_file: Optional[str] = None) -> ComputeProfile:
@@ -85,6 +74,63 @@ def load_profile(reference: str, scenario_file: Optional[str] = None) -> Compute
         return ComputeProfile.model_validate(data)
     except pydantic.ValidationError as exc:
         raise config_error_from_pydantic(str(found), exc) from None
+
+
+class LayerProfile(BaseModel):
+    """A scenario's ``layer_profile``: per-layer times measured on an accelerator (a JSON file such
+    as profiles/h200-layers-b64.json, written by bench/profile_layers.py's method: CUDA events at
+    each layer's forward and each parameter's gradient) and the model in it whose shares every
+    job's compute is spread by (trainers/padding.py ``measured_shares``), in place of the spread by
+    multiply-accumulates. The step's total stays the compute model's (sim.compute_s) or the
+    profile's (compute_profile): the measurement gives the shares, not the seconds."""
+
+    model_config = ConfigDict(extra="forbid")
+    file: str = Field(min_length=1)
+    model: str = Field(min_length=1)
+
+
+def load_layer_shares(ref: LayerProfile, scenario_file: Optional[str] = None) -> list[list[float]]:
+    """The trainer config's ``layer_shares`` from a measured per-layer profile: per layer, in the
+    measured forward order, [parameters, forward share, backward share]. Forward: each layer's
+    measured forward time, scaled so that the layers together take the measured forward pass
+    (what runs between them, activations and pooling, spread over them in proportion); a layer
+    whose forward was not seen by its hook (null) gets none. Backward: each layer's time from the
+    previous gradient to its own (what the padding and the simulator charge). Shares of forward +
+    backward. ConfigError naming the file and field on anything missing."""
+    field = "layer_profile.file"
+    where = scenario_file or "<scenario>"
+    path = Path(ref.file)
+    candidates = ([Path(scenario_file).parent / path] if scenario_file and not path.is_absolute() else []) + [
+        path, PROFILES_DIR / ref.file]
+    found = next((c for c in candidates if c.is_file()), None)
+    if found is None:
+        known = ", ".join(sorted(p.name for p in PROFILES_DIR.glob("*.json"))) or "none"
+        raise ConfigError(field, f"{ref.file!r}: no such file (measured layer profiles: {known})", source=where)
+    try:
+        document = json.loads(found.read_text())
+        models = {m["model"]: m for m in document["models"]}
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(field, f"{found}: not a layer profile (a JSON object with models: [{{model, "
+                          f"forward_ms, backward_ms, layers}}]): {exc}", source=where) from None
+    if ref.model not in models:
+        raise ConfigError("layer_profile.model", f"{ref.model!r} is not in {found.name} (models: "
+                          f"{', '.join(models)})", source=where)
+    measured = models[ref.model]
+    try:
+        layers = measured["layers"]
+        forward_ms, backward_ms = float(measured["forward_ms"]), float(measured["backward_ms"])
+        seen = [float(layer["forward_ms"] or 0.0) for layer in layers]
+        grads = [float(layer["backward_ms"]) for layer in layers]
+        parameters = [int(layer["parameters"]) for layer in layers]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(field, f"{found.name}, model {ref.model}: a layer lacks parameters, forward_ms or "
+                          f"backward_ms ({exc})", source=where) from None
+    if not layers or sum(seen) <= 0 or sum(grads) <= 0 or forward_ms <= 0 or backward_ms <= 0:
+        raise ConfigError(field, f"{found.name}, model {ref.model}: no measured forward or backward time",
+                          source=where)
+    step = forward_ms + sum(grads)
+    scale = forward_ms / sum(seen)
+    return [[n, f * scale / step, b / step] for n, f, b in zip(parameters, seen, grads)]
 
 
 def _get(config: dict, dotted: str):

@@ -20,7 +20,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from .byo import check_command_paths, scenario_folder
-from .dilation import ComputeProfile, load_profile
+from .dilation import ComputeProfile, LayerProfile, load_layer_shares, load_profile
 from .faults import FaultEvent, FaultProgram, read_trace
 from .inputs import topology_from_document
 from emulator.dilation import MAX_TIME_DILATION, MIN_TIME_DILATION
@@ -362,6 +362,10 @@ class ScenarioFile(BaseModel):
     # The accelerator the job stands for (profiles/NAME.yaml or a file): forward + backward padded
     # to its step time, in emulated seconds (harness/dilation.py)
     compute_profile: Optional[str] = None
+    # Per-layer times measured on an accelerator ({file, model}: harness/dilation.py LayerProfile):
+    # each step's compute spread over the layers by them, not by multiply-accumulates (on sim; on
+    # the emulator with workload.pad_layers)
+    layer_profile: Optional[LayerProfile] = None
     # backend sim only: the compute model and the NICs of the simulated network
     sim: SimSettings = SimSettings()
     # backend sim only: the model every job stands for (its bytes on the wire, its step time)
@@ -384,6 +388,8 @@ class ScenarioFile(BaseModel):
             data.pop("nic", None)
         if data.get("stand_in") is None:  # likewise a scenario without a stand-in model
             data.pop("stand_in", None)
+        if data.get("layer_profile") is None:  # likewise a scenario without measured layer shares
+            data.pop("layer_profile", None)
         return data
 
     @field_validator("time_dilation", mode="before")
@@ -699,6 +705,7 @@ class _JobMaker:
     profile: Optional[ComputeProfile]
     cwd: Optional[str]
     mounts: list
+    layer_shares: Optional[list] = None
 
     def job(self, index: int, entry: AlgorithmEntry, variant: dict, tuned: dict, base_point: NetworkPoint,
             point: NetworkPoint, placed: dict, seed: int, phase: str = "", label: Optional[str] = None,
@@ -717,6 +724,8 @@ class _JobMaker:
                                     from_grid)
             workload = _merged(entry.workload, _nested(tuned))
             job.trainer_config = _trainer_config(spec, entry.name, placed, seed, workload, self.profile)
+            if self.layer_shares is not None:
+                job.trainer_config["layer_shares"] = self.layer_shares
             job.trainer = _trainer(self.source, job.trainer_config, job.folder, origin)
         return job
 
@@ -916,6 +925,23 @@ def check_stand_in(spec: ScenarioFile, source: str, backend: Optional[str] = Non
         raise ConfigError("stand_in.compute_profile", exc.message, source=source) from None
 
 
+def _layer_shares(spec: ScenarioFile, source: str) -> Optional[list]:
+    """The trainers' ``layer_shares`` from the scenario's ``layer_profile`` (None without one).
+    Refused where nothing would spread them: a command of the user's own, or an emulated backend
+    whose workload does not pad its layers (pad_layers)."""
+    if spec.layer_profile is None:
+        return None
+    if spec.command is not None:
+        raise ConfigError("layer_profile", "spreads the trainers' compute over their model's layers; a command "
+                          "of your own has none of ours", source=source)
+    pads = bool(_merged(spec.workload, {}).get("pad_layers"))
+    if spec.backend not in ("auto", SIM_BACKEND) and not pads:
+        raise ConfigError("layer_profile", f"on backend {spec.backend} the shares spread a compute profile's pad: "
+                          "set workload.pad_layers: true with compute_profile (on sim they spread sim.compute_s)",
+                          source=source)
+    return load_layer_shares(spec.layer_profile, source)
+
+
 def scenario_from_dict(data: dict, source: str) -> Scenario:
     """Validate a parsed scenario document and expand it into jobs; ConfigError on any mistake."""
     try:
@@ -955,7 +981,7 @@ def scenario_from_dict(data: dict, source: str) -> Scenario:
             raise ConfigError(f"sweep.workload.{label}", "no algorithm with this label or name", source=source)
     if spec.tuning is not None:
         _check_tuning(spec, entries, source)
-    maker = _JobMaker(spec, source, profile, cwd, mounts)
+    maker = _JobMaker(spec, source, profile, cwd, mounts, _layer_shares(spec, source))
     groups: list[TuningGroup] = []
     for index, entry in enumerate(entries):
         label = entry.label or entry.name

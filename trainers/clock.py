@@ -16,7 +16,7 @@ layers before it, as it would.
 from __future__ import annotations
 
 import time as _time
-from typing import Protocol
+from typing import Optional, Protocol
 
 from torch import nn
 
@@ -30,7 +30,7 @@ class Clock(Protocol):
     def compute_done(self, started: float) -> float: ...
     def step_done(self) -> None: ...
     def training_starts(self) -> None: ...
-    def attach(self, model: nn.Module) -> None: ...
+    def attach(self, model: nn.Module, layer_shares: Optional[list] = None) -> None: ...
 
 
 class WallClock:
@@ -52,8 +52,8 @@ class WallClock:
     def training_starts(self) -> None:
         """Nothing to hold: a real rank's start-up took its real time."""
 
-    def attach(self, model: nn.Module) -> None:
-        """Nothing to do: real compute takes real time."""
+    def attach(self, model: nn.Module, layer_shares: Optional[list] = None) -> None:
+        """Nothing to do: real compute takes real time (pad_layers spreads a profile's, padding.py)."""
 
 
 _clock: Clock = WallClock()
@@ -110,6 +110,7 @@ def training_starts() -> None:
     _clock.training_starts()
 
 
-def attach(model: nn.Module) -> None:
-    """Let the clock see ``model``'s forward and backward passes (before any algorithm registers its hooks)."""
-    _clock.attach(model)
+def attach(model: nn.Module, layer_shares: Optional[list] = None) -> None:
+    """Let the clock see ``model``'s forward and backward passes (before any algorithm registers its
+    hooks); ``layer_shares``: measured per-layer shares of the step (the config's; padding.py)."""
+    _clock.attach(model, layer_shares)

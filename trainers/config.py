@@ -323,6 +323,24 @@ class CommConfig:
         require_int("max_in_flight", self.max_in_flight, minimum=1)
 
 
+def check_layer_shares(shares) -> None:
+    """``layer_shares`` (see Config): a non-empty list of [parameters, forward, backward], parameters
+    a whole number >= 0, shares >= 0 summing to 1 (within 1e-6)."""
+    if not isinstance(shares, list) or not shares:
+        raise ConfigError("layer_shares", "must be a non-empty list of [parameters, forward share, backward share]")
+    total = 0.0
+    for index, entry in enumerate(shares):
+        if (not isinstance(entry, (list, tuple)) or len(entry) != 3
+                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in entry)):
+            raise ConfigError(f"layer_shares[{index}]", f"must be [parameters, forward share, backward share], got {entry!r}")
+        parameters, forward, backward = entry
+        if parameters < 0 or parameters != int(parameters) or not forward >= 0 or not backward >= 0:
+            raise ConfigError(f"layer_shares[{index}]", f"parameters a whole number >= 0 and shares >= 0, got {entry!r}")
+        total += forward + backward
+    if abs(total - 1.0) > 1e-6:
+        raise ConfigError("layer_shares", f"the shares sum to {total:.6f}, not 1")
+
+
 @dataclass
 class Config:
     """One training run on one node (every rank loads the same file).
@@ -357,6 +375,11 @@ class Config:
             trainers/padding.py), so what an algorithm overlaps with the passes (p3) meets the
             profile's timing and the CPU is free while a layer "computes"; without it the whole
             pad comes after backward.
+        layer_shares: measured per-layer shares of a step, in place of the spread by
+            multiply-accumulates (pad_layers, and the simulator's compute spread): per layer that
+            owns parameters, in forward order, [parameters, forward share, backward share], every
+            share >= 0 and all of them summing to 1 (the harness fills it from a scenario's
+            ``layer_profile``; trainers/padding.py checks it against the model's layers).
     """
 
     output_dir: str
@@ -379,6 +402,7 @@ class Config:
     save_final_model: bool = False
     min_compute_s: Optional[float] = None
     pad_layers: bool = False
+    layer_shares: Optional[list] = None
 
     def __post_init__(self) -> None:
         if not self.output_dir:
@@ -399,6 +423,8 @@ class Config:
         if self.pad_layers and not self.min_compute_s:
             raise ConfigError("pad_layers", "spreads min_compute_s over the layers: set min_compute_s (or a "
                               "compute profile) too")
+        if self.layer_shares is not None:
+            check_layer_shares(self.layer_shares)
         if self.target_accuracy is not None:
             require_float("target_accuracy", self.target_accuracy, minimum=0.0, maximum=1.0)
         if self.target_loss is not None:

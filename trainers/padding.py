@@ -16,6 +16,11 @@ faster than its share:
 
 Sleeping leaves the CPU to the communication threads, as an accelerator would. The step's own
 ``min_compute_s`` pad (``Algorithm.pad_compute``) still tops up what the layers did not reach.
+
+Measured shares (``layer_shares``, the trainer config's; harness: a scenario's ``layer_profile``):
+each layer's share of the step in the forward pass and in the backward pass as an accelerator was
+measured spending it (:func:`measured_shares`), in place of the multiply-accumulates and the fixed
+``forward_fraction``; the simulator's compute spread (trainers/sim) takes the same shares.
 """
 
 from __future__ import annotations
@@ -83,17 +88,47 @@ def backward_shares(layers: list[tuple[nn.Module, list[nn.Parameter]]], macs: li
     return share
 
 
+def measured_shares(layers: list[tuple[nn.Module, list[nn.Parameter]]],
+                    layer_shares: list) -> tuple[list[float], dict[int, float]]:
+    """Measured per-layer shares of a step (the config's ``layer_shares``: per layer that owns
+    parameters, in forward order, [parameters, forward share, backward share], the shares of
+    every layer summing to 1) for ``layers`` (:func:`owning_layers`): each layer's forward share
+    and each parameter's backward share (its layer's, split by parameter size). The model must
+    have the profile's layers: as many, each with the profile's parameter count (a measured
+    ResNet-50's 107 layers on this repository's ResNet-50); otherwise a ConfigError naming the
+    first that differs."""
+    from trainers.config import ConfigError
+
+    if len(layer_shares) != len(layers):
+        raise ConfigError("layer_shares", f"the profile has {len(layer_shares)} layers, the model "
+                          f"{len(layers)} that own parameters")
+    forward, backward = [], {}
+    for index, ((module, params), (parameters, fwd, bwd)) in enumerate(zip(layers, layer_shares)):
+        size = sum(p.numel() for p in params)
+        if size != int(parameters):
+            raise ConfigError("layer_shares", f"layer {index} ({type(module).__name__}) has {size} parameters, "
+                              f"the profile's layer {index} {int(parameters)}: not the measured model")
+        forward.append(float(fwd))
+        for param in params:
+            backward[id(param)] = float(bwd) * param.numel() / (size or 1)
+    return forward, backward
+
+
 class LayerPadding:
     """Pads ``model``'s layers to ``step_s`` seconds per forward + backward (see module docstring).
 
     Create it before any algorithm registers hooks: its gradient hooks must run first. Its forward
-    pre-hooks are registered at the first forward pass, after the algorithm's."""
+    pre-hooks are registered at the first forward pass, after the algorithm's. With
+    ``layer_shares`` (:func:`measured_shares`) every step is padded from the first, by those shares;
+    each layer is taken to run once per forward pass (as in the measured models)."""
 
-    def __init__(self, model: nn.Module, step_s: float, forward_fraction: float = FORWARD_FRACTION):
+    def __init__(self, model: nn.Module, step_s: float, forward_fraction: float = FORWARD_FRACTION,
+                 layer_shares: Optional[list] = None):
         self.step_s = step_s
         self.forward_fraction = forward_fraction
         self.layers = owning_layers(model)
         self.macs: Optional[list[int]] = None  # per layer, from the first forward pass
+        self._forward_shares: Optional[list[float]] = None  # measured, per layer (layer_shares)
         self._first_macs = [0] * len(self.layers)
         self._layer_started: dict[int, float] = {}
         self._last = 0.0  # end of the last padded piece (a layer's forward or a gradient)
@@ -105,6 +140,9 @@ class LayerPadding:
             for param in params:
                 param.register_post_accumulate_grad_hook(lambda p: self._gradient_done(p))
         self._late_hooks = model.register_forward_pre_hook(lambda m, inputs: self._register_pre_hooks())
+        if layer_shares is not None:
+            self._forward_shares, self._share = measured_shares(self.layers, layer_shares)
+            self.macs = []  # nothing to measure
 
     def _register_pre_hooks(self) -> None:
         """At the first forward pass, after the algorithm registered its own pre-hooks."""
@@ -118,7 +156,10 @@ class LayerPadding:
 
     def _forward_done(self, index: int, output) -> None:
         module, params = self.layers[index]
-        if self.macs is None:
+        if self._forward_shares is not None:
+            share = self.step_s * self._forward_shares[index]
+            self._sleep_until(self._layer_started.get(index, clock.perf_counter()) + share)
+        elif self.macs is None:
             self._first_macs[index] += layer_macs(module, params, output)
         else:
             total = sum(self.macs) or 1
@@ -133,7 +174,8 @@ class LayerPadding:
         if self._measuring:  # the first step only measures
             self._last = clock.perf_counter()
             return
-        self._sleep_until(self._last + (1 - self.forward_fraction) * self.step_s * self._share[id(param)])
+        backward = 1.0 if self._forward_shares is not None else 1 - self.forward_fraction  # measured: in the share
+        self._sleep_until(self._last + backward * self.step_s * self._share[id(param)])
         self._last = clock.perf_counter()
 
     def _estimate(self) -> None:

@@ -218,9 +218,9 @@ def _build_training(config: Config, comm: Comm, writer: RecordWriter, device: to
     shards = shard_indices(shard_keys, world_size, config.dataset.shard, config.dataset.alpha, config.seed)
     sampler = BatchSampler(shards[rank], config.batch_size, seed=config.seed * 1000 + rank)
     model = build_model(config.model.name, config.model.params, data.input_shape, data.num_classes, config.seed).to(device)
-    clock.attach(model)  # before the algorithm's hooks: a virtual clock spreads backward over them
+    clock.attach(model, config.layer_shares)  # before the algorithm's hooks: a virtual clock spreads backward over them
     if config.pad_layers:  # also before them: a gradient is padded before an algorithm sends it
-        LayerPadding(model, config.min_compute_s)
+        LayerPadding(model, config.min_compute_s, layer_shares=config.layer_shares)
 
     context = AlgorithmContext(
         model=model, comm=comm, loss_fn=loss_fn, optimizer=config.optimizer, lr=config.lr, device=device,

@@ -62,12 +62,53 @@ def test_a_profile_without_its_source_is_refused(tmp_path):
         load_profile(str(tmp_path / "p.yaml"))
 
 
-def test_a_profile_s_per_layer_shares_are_refused_until_applied(tmp_path):
-    """layer_fractions is reserved (measured per-layer shares, to replace the spread by
-    multiply-accumulates): given before the trainers apply it, it would be silently ignored."""
+def test_a_profile_has_no_per_layer_field(tmp_path):
+    """Per-layer shares come from a measured layer profile (a scenario's layer_profile), not from a
+    step-time profile: a field there would be silently ignored, so it is refused."""
     (tmp_path / "p.yaml").write_text("name: x\nstep_s: 0.1\nsource: s\nlayer_fractions: [0.5, 0.5]\n")
-    with pytest.raises(ConfigError, match=r"p.yaml: layer_fractions: .*not applied yet"):
+    with pytest.raises(ConfigError, match=r"p.yaml: layer_fractions"):
         load_profile(str(tmp_path / "p.yaml"))
+
+
+P3_SIM = Path(__file__).parents[2] / "scenarios" / "paper-p3-resnet50.yaml"
+
+
+def test_a_measured_layer_profile_gives_every_job_the_shares_of_this_repository_s_model(tmp_path):
+    """The H200 profile's ResNet-50 (CUDA events per layer) is this repository's ResNet-50 layer for
+    layer (107 layers, the same parameters each): its forward and gradient-to-gradient times become
+    shares of the step summing to 1, the forward ones scaled to the measured forward pass."""
+    from trainers.models import build_model
+    from trainers.padding import measured_shares, owning_layers
+
+    text = P3_SIM.read_text() + "\nlayer_profile: {file: h200-layers-b64.json, model: resnet50}\n"
+    (tmp_path / "p3.yaml").write_text(text)
+    shares = load_scenario(str(tmp_path / "p3.yaml")).jobs[0].trainer_config["layer_shares"]
+    measured = next(m for m in json.loads((Path(__file__).parents[2] / "profiles" / "h200-layers-b64.json")
+                                          .read_text())["models"] if m["model"] == "resnet50")
+    step = measured["forward_ms"] + sum(layer["backward_ms"] for layer in measured["layers"])
+    assert len(shares) == 107 and sum(f + b for _, f, b in shares) == pytest.approx(1.0)
+    assert sum(f for _, f, _ in shares) == pytest.approx(measured["forward_ms"] / step)
+    assert shares[1][2] == pytest.approx(measured["layers"][1]["backward_ms"] / step)   # bn1's gradient
+    model = build_model("resnet50", {}, (3, 32, 32), 10, 0)
+    forward, backward = measured_shares(owning_layers(model), shares)  # refuses another model
+    assert forward[0] == pytest.approx(shares[0][1]) and sum(backward.values()) == pytest.approx(1 - sum(forward))
+
+
+@pytest.mark.parametrize("backend, extra, message", [
+    ("sim", "layer_profile: {file: h200-layers-b64.json, model: resnet5}",
+     r"p3.yaml: layer_profile.model: 'resnet5' is not in h200-layers-b64.json \(models: resnet50, vgg19"),
+    ("sim", "layer_profile: {file: nowhere.json, model: resnet50}",
+     r"p3.yaml: layer_profile.file: 'nowhere.json': no such file \(measured layer profiles: h200-layers-b64.json"),
+    ("tun", "layer_profile: {file: h200-layers-b64.json, model: resnet50}",
+     r"p3.yaml: layer_profile: on backend tun the shares spread a compute profile's pad"),
+])
+def test_a_bad_layer_profile_is_one_line_naming_the_field(tmp_path, backend, extra, message):
+    text = P3_SIM.read_text()
+    if backend != "sim":   # the emulator: no sim section, and no pad_layers for the shares to spread
+        text = text.replace("backend: sim\n", f"backend: {backend}\n").replace("sim: {compute_s: 0.468}\n", "")
+    (tmp_path / "p3.yaml").write_text(text + "\n" + extra + "\n")
+    with pytest.raises(ConfigError, match=message):
+        load_scenario(str(tmp_path / "p3.yaml"))
 
 
 @pytest.mark.parametrize("model, profile", [("resnet50", "m60-resnet50-fp32-b32"), ("vgg19", "m60-vgg19-fp32-b32"),

@@ -34,7 +34,7 @@ class FakeClock:
     def step_done(self):
         pass
 
-    def attach(self, model):
+    def attach(self, model, layer_shares=None):
         pass
 
 
@@ -97,3 +97,44 @@ def test_pad_layers_needs_min_compute_s():
     with pytest.raises(ConfigError, match="pad_layers"):
         Config(output_dir="/tmp/x", pad_layers=True)
     assert Config(output_dir="/tmp/x", pad_layers=True, min_compute_s=0.2).pad_layers
+
+
+def test_measured_layer_shares_pad_every_step_from_the_first(fake_clock):
+    """layer_shares (a measured profile's) replace the multiply-accumulates and the fixed forward
+    fraction: each layer's forward and each gradient padded to its measured share, from step 1."""
+    model, x, _, _ = model_and_macs()
+    conv_params, linear_params = 8 * 3 * 9 + 8, 512 * 10 + 10
+    padding = LayerPadding(model, step_s=1.0, layer_shares=[[conv_params, 0.1, 0.3], [linear_params, 0.2, 0.4]])
+    seen = {}
+    def at(name):
+        def hook(*args):
+            seen.setdefault(name, fake_clock.now)  # returns None: a pre-hook's value would replace the input
+        return hook
+
+    model[2].register_forward_pre_hook(at("linear_starts"))
+    for name, param in model.named_parameters():
+        param.register_post_accumulate_grad_hook(at(name))
+    model(x).sum().backward()
+    assert seen["linear_starts"] == pytest.approx(0.1)  # the conv layer's measured forward share
+    # backward runs output-first: the linear layer's 0.4 (split by parameter size, in the order
+    # autograd hands its gradients over), then the conv layer's 0.3
+    first_linear = min(seen["2.weight"], seen["2.bias"]) - 0.3
+    assert first_linear == pytest.approx(0.4 * 512 * 10 / linear_params) or first_linear == pytest.approx(0.4 * 10 / linear_params)
+    assert max(seen["2.weight"], seen["2.bias"]) == pytest.approx(0.3 + 0.4)
+    assert max(seen["0.weight"], seen["0.bias"]) == pytest.approx(0.7 + 0.3)
+    assert fake_clock.now == pytest.approx(1.0) and padding.padded_s == pytest.approx(1.0)
+
+
+def test_measured_layer_shares_must_be_the_models_layers():
+    model, _, _, _ = model_and_macs()
+    with pytest.raises(ConfigError, match=r"layer_shares: layer 1 \(Linear\) has 5130 parameters, the profile's layer 1 5000"):
+        LayerPadding(model, step_s=1.0, layer_shares=[[224, 0.1, 0.3], [5000, 0.2, 0.4]])
+    with pytest.raises(ConfigError, match="layer_shares: the profile has 1 layers, the model 2"):
+        LayerPadding(model, step_s=1.0, layer_shares=[[224, 0.5, 0.5]])
+
+
+@pytest.mark.parametrize("shares, where", [([[1, 0.5, 0.6]], "sum to 1.1"), ([[1, 0.5]], r"layer_shares\[0\]"),
+                                           ([[-1, 0.5, 0.5]], r"layer_shares\[0\]"), ([], "non-empty")])
+def test_layer_shares_are_checked_in_the_config(shares, where):
+    with pytest.raises(ConfigError, match=where):
+        Config(output_dir="/tmp/x", layer_shares=shares)

@@ -431,6 +431,35 @@ def test_the_forward_pass_spends_its_time_layer_by_layer_by_multiply_accumulates
     assert sim.now == pytest.approx(2.0)
 
 
+def test_measured_layer_shares_spend_the_compute_from_the_first_step():
+    """With measured layer_shares the forward and backward shares are charged as measured (the
+    compute model's forward_fraction unused) from the first step, not after a measuring pass."""
+    sim = Simulator(1, network(1), ComputeModel(1.0, forward_fraction=0.5))
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Flatten(), torch.nn.Linear(512, 10))
+    reached_linear, conv_grad = [], []
+    model[2].register_forward_pre_hook(lambda module, inputs: reached_linear.append(clock.perf_counter()))
+    sim_clock = SimClock(sim, 0.0)
+    previous = clock.install(sim_clock)
+
+    def body():
+        sim_clock.attach(model, [[224, 0.1, 0.3], [5130, 0.2, 0.4]])
+        # after the clock's (as an algorithm's): it sees the gradient once its share is spent
+        model[0].weight.register_post_accumulate_grad_hook(lambda p: conv_grad.append(clock.perf_counter()))
+        for _ in range(2):
+            started = clock.perf_counter()
+            model(torch.zeros(2, 3, 8, 8)).sum().backward()
+            clock.compute_done(started)
+
+    try:
+        sim.run([body])
+    finally:
+        clock.install(previous)
+    assert reached_linear == pytest.approx([0.1, 1.1])
+    # the conv weight's gradient after the forward (0.3), the linear layer's 0.4 and its own part of 0.3
+    assert conv_grad == pytest.approx([0.7 + 0.3 * 216 / 224, 1.7 + 0.3 * 216 / 224])
+    assert sim.now == pytest.approx(2.0)
+
+
 def test_run_simulated_hands_back_who_was_killed_and_restarted(tmp_path):
     """The crash facts have one owner, the simulator: run_simulated returns them with the ranks'
     results (harness.sim_job reports a tolerated crash from them)."""

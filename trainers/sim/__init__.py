@@ -46,7 +46,7 @@ from trainers.datasets import shared_datasets
 from .comm import SimComm
 from .elastic import ElasticSimComm
 from .engine import ComputeModel, Deadlock, Simulator
-from trainers.padding import backward_shares, layer_macs, owning_layers  # the layers' shares, as on the wall clock
+from trainers.padding import backward_shares, layer_macs, measured_shares, owning_layers  # as on the wall clock
 
 __all__ = ["ComputeModel", "Deadlock", "ElasticSimComm", "SimComm", "SimulatedRun", "Simulator", "run_simulated",
            "UNSUPPORTED_ALGORITHMS"]
@@ -110,10 +110,11 @@ class SimClock:
         """Hold this rank to its start offset (``Simulator.training_starts``)."""
         self.sim.training_starts()
 
-    def attach(self, model: nn.Module) -> None:
+    def attach(self, model: nn.Module, layer_shares: Optional[list] = None) -> None:
         """Spread each forward + backward over ``model``'s layers, so that what an algorithm does
-        from its hooks overlaps the rest of the pass: see :class:`_ComputeSpread`."""
-        _ComputeSpread(self, model)
+        from its hooks overlaps the rest of the pass: see :class:`_ComputeSpread` (``layer_shares``:
+        measured per-layer shares, trainers.padding.measured_shares)."""
+        _ComputeSpread(self, model, layer_shares)
 
     def charged_s(self, rank: int) -> float:
         """What ``rank`` has spent of its current forward + backward so far (s)."""
@@ -136,14 +137,23 @@ class _ComputeSpread:
     parameters sit in the fully connected layers. The forward share (``forward_fraction``) is
     charged as each layer's forward ends, the rest as each parameter's gradient is accumulated (a
     layer's share split by its parameters' sizes). In the first step, before the estimate exists,
-    the forward share is charged with the first gradient."""
+    the forward share is charged with the first gradient.
 
-    def __init__(self, clock: SimClock, model: nn.Module):
+    With measured ``layer_shares`` (trainers.padding.measured_shares: per layer, its share of the
+    step in the forward and in the backward pass, as an accelerator spent it) those are charged
+    instead, from the first step, and the compute model's ``forward_fraction`` is not used (the
+    shares carry it)."""
+
+    def __init__(self, clock: SimClock, model: nn.Module, layer_shares: Optional[list] = None):
         self.clock = clock
         self.layers = owning_layers(model)
         self.macs = [0] * len(self.layers)    # per layer, summed over the first forward pass
         self.estimated = False                 # set by the first gradient: the first forward is over
         self.share: dict[int, float] = {}      # id(param) -> its share of the backward pass
+        self.forward_shares: Optional[list[float]] = None  # measured, per layer
+        if layer_shares is not None:
+            self.forward_shares, self.share = measured_shares(self.layers, layer_shares)
+            self.estimated = True
         for index, (module, params) in enumerate(self.layers):
             module.register_forward_hook(lambda m, inputs, output, index=index: self._forward_done(index, output))
             for param in params:
@@ -151,7 +161,9 @@ class _ComputeSpread:
 
     def _forward_done(self, index: int, output) -> None:
         module, params = self.layers[index]
-        if not self.estimated:
+        if self.forward_shares is not None:
+            self.clock.charge(self.clock.compute_s(self.clock.sim.rank) * self.forward_shares[index])
+        elif not self.estimated:
             self.macs[index] += layer_macs(module, params, output)
         elif sum(self.macs):
             compute = self.clock.compute_s(self.clock.sim.rank)
@@ -163,6 +175,9 @@ class _ComputeSpread:
             self._estimate()
         rank = self.clock.sim.rank
         compute = self.clock.compute_s(rank)
+        if self.forward_shares is not None:  # measured: the backward share is in the share
+            self.clock.charge(compute * self.share[id(param)])
+            return
         forward = self.clock.sim.compute.forward_fraction
         first = self.clock.charged_s(rank) == 0.0  # the forward was not charged layer by layer
         self.clock.charge((forward * compute if first else 0.0) + (1 - forward) * compute * self.share[id(param)])
