@@ -11,7 +11,9 @@ they did.
     .venv/bin/python bench/bench_p3_paper.py results/runs/paper-p3-resnet50/<run> [more runs] \
         [--csv results/papers/p3/p3-paper.csv]
 
-Prints the runs, versions and date; with --csv writes one row per job and one per label.
+Prints the runs, versions and date; with --csv writes one row per job and one per label. A run
+may also be its committed evidence (results/papers/p3/<scenario>/<stamp>: each job's step records
+as rank<N>.steps.jsonl beside job.json), from which the same rows follow.
 """
 
 from __future__ import annotations
@@ -52,7 +54,8 @@ def jobs(run_dir: Path) -> list[dict]:
         if spec.get("status") != "ok":
             print(f"skipped ({spec.get('status')}: {spec.get('reason') or ''}): {job_dir}")
             continue
-        rate, counted, sent = steady_steps_per_s(job_dir / "rank0.jsonl")
+        records = job_dir / "rank0.jsonl"
+        rate, counted, sent = steady_steps_per_s(records if records.is_file() else job_dir / "rank0.steps.jsonl")
         label = spec.get("base_label") or spec.get("label")
         rows.append({"scenario": name, "run": run_dir.name, "label": label, "seed": spec.get("seed"),
                      "steps_per_s": rate, "steps_counted": counted, "rank0_bytes_sent_per_step": sent})
