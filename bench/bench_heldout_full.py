@@ -1,0 +1,112 @@
+"""Final models re-evaluated on the whole held-out split, from run folders (the snapshots are there,
+not in the committed evidence).
+
+A scenario caps its evaluation (`dataset.max_test_samples`: the language-model scenarios of
+docs/RESULTS.md section 17 evaluate 500 sequences of 32 bytes, 16 kB from the first held-out
+files) to keep the evaluator cheap during training. A gap of a few tenths of a per cent between
+two labels is then within what the choice of those 16 kB can move. This script takes each
+reported job's last snapshot (the output model the evaluator scored: the global model, the mean of
+the replicas, ...), evaluates it on the job's whole held-out split (or `--max-test-samples N`),
+and prints, per label, the median over seeds with min-max and the gap to the baseline label, seed
+by seed, beside the capped figure from the job's eval.jsonl.
+
+    .venv/bin/python bench/bench_heldout_full.py /work/b64-runs/paper-diloco-lm-b64/<run> \
+        [--with <controls run>] [--baseline sync] [--csv results/papers/diloco-lm-b64/heldout-full.csv]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # trainers, run from anywhere
+
+
+def final_loss(job_dir: Path, max_test_samples: int | None) -> dict:
+    """The job's last eval point re-evaluated on `max_test_samples` held-out samples (None: all)."""
+    import torch
+
+    from trainers.datasets import load_dataset
+    from trainers.evaluate import JobEvaluator
+
+    torch.set_num_threads(1)
+    evaluator = JobEvaluator(job_dir)
+    dataset = dataclasses.replace(evaluator.config.dataset, max_test_samples=max_test_samples)
+    evaluator.data = load_dataset(dataset, evaluator.config.seed)
+    evaluator.test_inputs = evaluator.data.inputs(evaluator.data.test_x)
+    snapshots = evaluator.snapshots()
+    last = max(i for per_rank in snapshots.values() for i in per_rank)
+    paths = {rank: per_rank[max(i for i in per_rank if i <= last)] for rank, per_rank in snapshots.items()}
+    row = evaluator.evaluate_index(last, paths)
+    capped = [json.loads(line) for line in (job_dir / "eval.jsonl").read_text().splitlines() if line.strip()]
+    capped_row = next(r for r in reversed(capped) if r.get("eval_index") == last)
+    return {"step": row["step"], "loss_full": row["loss"], "loss_capped": capped_row["loss"],
+            "test_sequences": len(evaluator.data.test_y), "role": row["role"]}
+
+
+def reported_jobs(run: Path) -> pd.DataFrame:
+    summary = pd.read_csv(run / "summary.csv")
+    summary = summary[summary["status"] == "ok"]
+    if "phase" in summary:
+        summary = summary[summary["phase"].fillna("reported") == "reported"]
+    return summary.assign(job_dir=[run / "jobs" / f"{r['network']}-{r['label']}-seed{r['seed']}"
+                                   for _, r in summary.iterrows()])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run", type=Path, help="a finished run folder (with its jobs' snapshots)")
+    parser.add_argument("--with", dest="others", type=Path, action="append", default=[],
+                        help="another run of the same workload (its controls); repeatable")
+    parser.add_argument("--baseline", default="sync")
+    parser.add_argument("--max-test-samples", type=int, default=None, help="default: the whole held-out split")
+    parser.add_argument("--csv", type=Path)
+    args = parser.parse_args(argv)
+    jobs = pd.concat([reported_jobs(run) for run in [args.run, *args.others]], ignore_index=True)
+    rows = []
+    for _, job in jobs.iterrows():
+        if not (job["job_dir"] / "snapshots").is_dir():
+            print(f"{job['job_dir']}: no snapshots (committed evidence keeps none; give the run folder)", file=sys.stderr)
+            return 2
+        rows.append({"label": job["label"], "seed": int(job["seed"]), **final_loss(job["job_dir"], args.max_test_samples)})
+    frame = pd.DataFrame(rows)
+    base = frame[frame["label"] == args.baseline].set_index("seed")
+    if base.empty:
+        print(f"no reported '{args.baseline}' job", file=sys.stderr)
+        return 2
+    print(f"# {args.run} (+ {', '.join(map(str, args.others)) or 'nothing'}): final models on "
+          f"{frame['test_sequences'].iloc[0]} held-out sequences (the run evaluated "
+          f"{json.loads((args.run / 'scenario.json').read_text())['spec']['workload']['dataset'].get('max_test_samples')})\n")
+    print(f"| label | seeds | loss, whole split: median [min, max] | vs {args.baseline} (medians) | per seed | "
+          f"capped (the run's): median | vs {args.baseline}, capped |")
+    print("|---|---|---|---|---|---|---|")
+    table = []
+    for label, group in frame.groupby("label", sort=False):
+        full, capped = group["loss_full"].median(), group["loss_capped"].median()
+        gap = (full / base["loss_full"].median() - 1) * 100
+        gap_capped = (capped / base["loss_capped"].median() - 1) * 100
+        per_seed = [(r["loss_full"] / base.loc[r["seed"], "loss_full"] - 1) * 100 for _, r in group.iterrows()
+                    if r["seed"] in base.index]
+        table.append({"label": label, "seeds": len(group), "loss_full": full, "loss_full_min": group["loss_full"].min(),
+                      "loss_full_max": group["loss_full"].max(), "gap_pct": gap,
+                      "gap_pct_seed_min": min(per_seed), "gap_pct_seed_max": max(per_seed),
+                      "gap_pct_seed_median": statistics.median(per_seed),
+                      "loss_capped": capped, "gap_pct_capped": gap_capped})
+        print(f"| {label} | {len(group)} | {full:.4f} [{group['loss_full'].min():.4f}, {group['loss_full'].max():.4f}] | "
+              f"{gap:+.2f} % | {min(per_seed):+.2f} to {max(per_seed):+.2f} % | {capped:.4f} | {gap_capped:+.2f} % |")
+    if args.csv:
+        args.csv.parent.mkdir(parents=True, exist_ok=True)
+        pd.DataFrame(table).to_csv(args.csv, index=False)
+        frame.to_csv(args.csv.with_name(args.csv.stem + "-jobs.csv"), index=False)
+        print(f"wrote {args.csv} and {args.csv.with_name(args.csv.stem + '-jobs.csv')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
