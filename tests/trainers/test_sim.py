@@ -403,37 +403,10 @@ def test_multiply_accumulates_of_a_conv_and_a_linear_layer():
     assert layer_macs(linear, list(linear.parameters()), linear(image.flatten(1))) == 512 * 10 * 2 + 2 * 10
 
 
-def test_the_forward_pass_spends_its_time_layer_by_layer_by_multiply_accumulates():
-    """From the second step on, a layer's share of the forward pass is spent as it ends, so what
-    waits before a later layer (P3's per-layer wait) overlaps the earlier layers' compute. Here the
-    conv layer holds 14,336 of the 19,466 multiply-accumulates per image, the linear layer most of
-    the parameters."""
-    sim = Simulator(1, network(1), ComputeModel(1.0, forward_fraction=0.5))
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Flatten(), torch.nn.Linear(512, 10))
-    reached_linear = []
-    model[2].register_forward_pre_hook(lambda module, inputs: reached_linear.append(clock.perf_counter()))
-    sim_clock = SimClock(sim, 0.0)
-    previous = clock.install(sim_clock)
-
-    def body():
-        sim_clock.attach(model)
-        for _ in range(2):
-            started = clock.perf_counter()
-            model(torch.zeros(2, 3, 8, 8)).sum().backward()
-            clock.compute_done(started)
-
-    try:
-        sim.run([body])
-    finally:
-        clock.install(previous)
-    # the first forward only measures (its share is spent with the first gradient)
-    assert reached_linear == pytest.approx([0.0, 1.0 + 0.5 * 14_336 / 19_466])
-    assert sim.now == pytest.approx(2.0)
-
-
-def test_measured_layer_shares_spend_the_compute_from_the_first_step():
-    """With measured layer_shares the forward and backward shares are charged as measured (the
-    compute model's forward_fraction unused) from the first step, not after a measuring pass."""
+def two_passes_on_a_virtual_clock(layer_shares=None):
+    """Two forward + backward passes of a conv + linear model on one simulated rank with 1 s of
+    compute (forward_fraction 0.5): when the linear layer's forward began, when the conv weight's
+    gradient reached a hook registered after the clock's (as an algorithm's), and the end."""
     sim = Simulator(1, network(1), ComputeModel(1.0, forward_fraction=0.5))
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Flatten(), torch.nn.Linear(512, 10))
     reached_linear, conv_grad = [], []
@@ -442,8 +415,7 @@ def test_measured_layer_shares_spend_the_compute_from_the_first_step():
     previous = clock.install(sim_clock)
 
     def body():
-        sim_clock.attach(model, [[224, 0.1, 0.3], [5130, 0.2, 0.4]])
-        # after the clock's (as an algorithm's): it sees the gradient once its share is spent
+        sim_clock.attach(model, layer_shares)
         model[0].weight.register_post_accumulate_grad_hook(lambda p: conv_grad.append(clock.perf_counter()))
         for _ in range(2):
             started = clock.perf_counter()
@@ -454,10 +426,28 @@ def test_measured_layer_shares_spend_the_compute_from_the_first_step():
         sim.run([body])
     finally:
         clock.install(previous)
+    return reached_linear, conv_grad, sim.now
+
+
+def test_the_forward_pass_spends_its_time_layer_by_layer_by_multiply_accumulates():
+    """From the second step on, a layer's share of the forward pass is spent as it ends, so what
+    waits before a later layer (P3's per-layer wait) overlaps the earlier layers' compute. Here the
+    conv layer holds 14,336 of the 19,466 multiply-accumulates per image, the linear layer most of
+    the parameters."""
+    reached_linear, _, end = two_passes_on_a_virtual_clock()
+    # the first forward only measures (its share is spent with the first gradient)
+    assert reached_linear == pytest.approx([0.0, 1.0 + 0.5 * 14_336 / 19_466])
+    assert end == pytest.approx(2.0)
+
+
+def test_measured_layer_shares_spend_the_compute_from_the_first_step():
+    """With measured layer_shares the forward and backward shares are charged as measured (the
+    compute model's forward_fraction unused) from the first step, not after a measuring pass."""
+    reached_linear, conv_grad, end = two_passes_on_a_virtual_clock([[224, 0.1, 0.3], [5130, 0.2, 0.4]])
     assert reached_linear == pytest.approx([0.1, 1.1])
     # the conv weight's gradient after the forward (0.3), the linear layer's 0.4 and its own part of 0.3
     assert conv_grad == pytest.approx([0.7 + 0.3 * 216 / 224, 1.7 + 0.3 * 216 / 224])
-    assert sim.now == pytest.approx(2.0)
+    assert end == pytest.approx(2.0)
 
 
 def test_run_simulated_hands_back_who_was_killed_and_restarted(tmp_path):
