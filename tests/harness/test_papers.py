@@ -420,6 +420,7 @@ DILOCO_TABLES = [
     ("sparseloco-lm/20261127-021949", "sparseloco-lm/sparseloco-lm.csv", "diloco-H15"),
     ("hierarchical-lm/20261127-024434", "hierarchical-lm/hierarchical-lm-8.csv", "diloco-H125"),
     ("hierarchical-lm/20261127-025456", "hierarchical-lm/hierarchical-lm-16.csv", "diloco-H125"),
+    ("diloco-lm-b64/20261127-061018+diloco-lm-b64/20261127-061018-controls", "diloco-lm-b64/diloco-lm-b64.csv", "sync"),
 ]
 
 
@@ -487,3 +488,26 @@ def test_p3_steps_per_s_are_recomputed_from_the_evidence(runs, table):
                 row["steps_per_s"], rel=1e-12)
         scenario = json.loads((folder / run / "scenario.json").read_text())["spec"]
         assert (scenario.get("layer_profile") is not None) == ("layers" in run)
+
+
+def test_whole_split_table_is_of_the_committed_jobs():
+    """heldout-full-jobs.csv (bench_heldout_full on the run folders' final snapshots, which the
+    evidence does not keep) re-evaluated the committed jobs: its capped loss is each job's last
+    committed evaluation, its labels' medians are heldout-full.csv's, and it covers every reported
+    job of the run and its controls."""
+    folder = PAPERS_ROOT / "diloco-lm-b64"
+    jobs = pd.read_csv(folder / "heldout-full-jobs.csv")
+    committed = 0
+    for run in ("20261127-061018", "20261127-061018-controls"):
+        for job in (folder / run / "jobs").iterdir():
+            label, seed = job.name.removeprefix("delay1-").rsplit("-seed", 1)
+            if "-lr" in label:  # a tuning candidate: not reported
+                continue
+            row = jobs[(jobs["label"] == label) & (jobs["seed"] == int(seed))]
+            last = [json.loads(line) for line in (job / "eval.jsonl").read_text().splitlines()][-1]
+            assert len(row) == 1 and row["loss_capped"].iloc[0] == pytest.approx(last["loss"], rel=1e-12)
+            committed += 1
+    assert committed == len(jobs) == 12 and (jobs["test_sequences"] > 20 * 500).all()
+    table = pd.read_csv(folder / "heldout-full.csv").set_index("label")
+    for label, group in jobs.groupby("label"):
+        assert table.loc[label, "loss_full"] == pytest.approx(group["loss_full"].median())
