@@ -23,7 +23,8 @@ DEFAULTS = {
     "swarmsgd_time_to_accuracy": (["results/examples/swarmsgd_time_to_accuracy/"], 2),
     "eawild_async_vs_sync": ([f"results/papers/eawild-sweep/{run}" for run in (
         "20261126-182918", "20261126-184521", "20261126-185917", "20261126-185842", "20261126-185844")], 2),
-    "diloco_loss_vs_tokens": (["results/papers/diloco-lm/", "results/papers/diloco-lm-warm/"], 2),
+    "diloco_loss_vs_tokens": (["results/papers/diloco-lm/", "results/papers/diloco-lm-warm/",
+                               "results/papers/diloco-lm-b64/"], 3),
 }
 NAMES = list(DEFAULTS)
 
