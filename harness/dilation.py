@@ -57,14 +57,18 @@ class ComputeProfile(BaseModel):
     description: str = ""
 
 
+def _find_profile(reference: str, scenario_file: Optional[str], names: tuple[str, ...]) -> Optional[Path]:
+    """A profile file: `reference` beside the scenario (relative to its folder), as given, or one of
+    `names` in profiles/; None if none exists."""
+    path = Path(reference)
+    candidates = [Path(scenario_file).parent / path] if scenario_file is not None and not path.is_absolute() else []
+    candidates += [path, *(PROFILES_DIR / name for name in names)]
+    return next((c for c in candidates if c.is_file()), None)
+
+
 def load_profile(reference: str, scenario_file: Optional[str] = None) -> ComputeProfile:
     """A profile by file path (relative to the scenario's folder) or by name (profiles/NAME.yaml)."""
-    candidates = []
-    path = Path(reference)
-    if scenario_file is not None and not path.is_absolute():
-        candidates.append(Path(scenario_file).parent / path)
-    candidates += [path, PROFILES_DIR / reference, PROFILES_DIR / f"{reference}.yaml"]
-    found = next((c for c in candidates if c.is_file()), None)
+    found = _find_profile(reference, scenario_file, (reference, f"{reference}.yaml"))
     if found is None:
         known = ", ".join(sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))) or "none"
         raise ConfigError("compute_profile", f"{reference!r}: no such file or profile (profiles: {known})",
@@ -99,10 +103,7 @@ def load_layer_shares(ref: LayerProfile, scenario_file: Optional[str] = None) ->
     backward. ConfigError naming the file and field on anything missing."""
     field = "layer_profile.file"
     where = scenario_file or "<scenario>"
-    path = Path(ref.file)
-    candidates = ([Path(scenario_file).parent / path] if scenario_file and not path.is_absolute() else []) + [
-        path, PROFILES_DIR / ref.file]
-    found = next((c for c in candidates if c.is_file()), None)
+    found = _find_profile(ref.file, scenario_file, (ref.file,))
     if found is None:
         known = ", ".join(sorted(p.name for p in PROFILES_DIR.glob("*.json"))) or "none"
         raise ConfigError(field, f"{ref.file!r}: no such file (measured layer profiles: {known})", source=where)
