@@ -26,6 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # trainers, run from anywhere
+sys.path.insert(0, str(Path(__file__).resolve().parent))      # bench_diloco_lm beside it
 
 
 def final_loss(job_dir: Path, max_test_samples: int | None) -> dict:
@@ -51,12 +52,13 @@ def final_loss(job_dir: Path, max_test_samples: int | None) -> dict:
 
 
 def reported_jobs(run: Path) -> pd.DataFrame:
-    summary = pd.read_csv(run / "summary.csv")
-    summary = summary[summary["status"] == "ok"]
+    """The run's ok jobs of the reported phase, each with its folder (bench_diloco_lm's readers)."""
+    from bench_diloco_lm import job_dir_of, ok_jobs
+
+    summary = ok_jobs(run)
     if "phase" in summary:
         summary = summary[summary["phase"].fillna("reported") == "reported"]
-    return summary.assign(job_dir=[run / "jobs" / f"{r['network']}-{r['label']}-seed{r['seed']}"
-                                   for _, r in summary.iterrows()])
+    return summary.assign(job_dir=[job_dir_of(run, r) for _, r in summary.iterrows()])
 
 
 def main(argv=None) -> int:
