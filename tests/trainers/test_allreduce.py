@@ -282,3 +282,110 @@ def test_ddp_runs_on_our_transport_through_its_comm_hook(spawn_ranks, tmp_path):
             # the same average, summed in another order: float32 rounding apart
             difference = max(abs(a - b) for a, b in zip(ours["params"], reducer["params"]))
             assert difference < 1e-5, (transport, rank, difference)
+
+
+# ---------------------------------------------------------------------------------------------
+# allreduce_coded_async's ring: every message encoded (INTELLECT-1's int8 ring all-reduce)
+
+
+@pytest.mark.parametrize("codec_name", ["int8", "int4", "bf16"])
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
+@pytest.mark.parametrize("numel", [3, 1000, 4099])
+def test_coded_ring_gives_every_rank_the_same_bits_equal_to_its_reference(codec_name, n, numel):
+    from trainers.comm.allreduce import ring_coded, ring_coded_reference
+    from trainers.compression import build_compressor
+
+    codec = build_compressor(codec_name)
+    generator = torch.Generator().manual_seed(numel + n)
+    inputs = [torch.randn(numel, generator=generator) * (1 + r) for r in range(n)]
+    results = {}
+
+    def body(rank, exchange):
+        flat = inputs[rank].clone()
+        ring_coded(flat, codec, "avg", rank, n, exchange)
+        results[rank] = flat
+
+    _run_in_threads(n, body)
+    reference = ring_coded_reference(inputs, codec, "avg")
+    for rank in range(n):
+        assert torch.equal(results[rank], reference), (codec_name, n, numel, rank)
+    exact = torch.stack(inputs).mean(0)
+    if numel > 2 * n:  # (a one-element chunk is its own scale: exact in any of these codes)
+        assert not torch.equal(reference, exact)  # it is a code: something was rounded
+    if codec_name == "int8":
+        # n-1 partial sums rounded on the way, each by at most half a step of its chunk's largest
+        # element (<= n max|x|), then the mean once: at most n max|x| / 254 + max|x| / 254
+        bound = (n + 1) * max(x.abs().max().item() for x in inputs) / 254
+        assert (reference - exact).abs().max().item() <= bound * (1 + 1e-5)
+
+
+def test_coded_ring_bytes_are_the_ring_s_at_the_code_s_size():
+    from trainers.comm.allreduce import ring_coded_bytes
+    from trainers.compression import build_compressor
+
+    int8, int4 = build_compressor("int8"), build_compressor("int4")
+    flat = torch.empty(8 * 4096)  # 8 chunks of 4096 elements, 8 int8 scales each
+    for n in (2, 4, 8):
+        chunk = flat.numel() // n
+        payload8 = chunk + 4 * (chunk // 512)
+        assert ring_coded_bytes(0, n, flat, int8) == (2 * (n - 1) * payload8,) * 2
+        assert ring_coded_bytes(n - 1, n, flat, int4) == (2 * (n - 1) * (chunk // 2 + 4 * (chunk // 512)),) * 2
+        fp32_ring = allreduce_bytes("ring", 0, n, flat)[0]
+        assert fp32_ring / ring_coded_bytes(0, n, flat, int8)[0] == pytest.approx(4 / (1 + 4 / 512))
+
+
+def coded_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """allreduce_coded_async on gloo ranks: the reference's bits on every rank, the bytes
+    accounted, one rank's tensor the same object."""
+    from tests.trainers.workers import _init_env
+
+    _init_env(rank, world_size, port)
+    from trainers.comm import TorchComm
+    from trainers.compression import build_compressor
+
+    comm = TorchComm("gloo", timeout_s=60, allreduce="auto", max_in_flight=2)
+    rows = []
+    for numel in (5, 1037, 70_001):
+        for codec_name in ("int8", "int4"):
+            generator = torch.Generator().manual_seed(numel)
+            inputs = [torch.randn(numel, generator=generator) for _ in range(world_size)]
+            tensor = inputs[rank].clone()
+            before = (comm.stats.per_op["all_reduce"].bytes_sent, comm.stats.per_op["all_reduce"].bytes_recv)
+            returned = comm.allreduce_coded_async(tensor, build_compressor(codec_name), op="avg").wait()
+            from trainers.comm.allreduce import ring_coded_bytes, ring_coded_reference
+            reference = ring_coded_reference(inputs, build_compressor(codec_name), "avg")
+            rows.append({"numel": numel, "codec": codec_name, "same": returned is tensor,
+                         "equal": torch.equal(tensor, reference),
+                         "bytes": [comm.stats.per_op["all_reduce"].bytes_sent - before[0],
+                                   comm.stats.per_op["all_reduce"].bytes_recv - before[1]],
+                         "expected": list(ring_coded_bytes(rank, world_size, inputs[rank], build_compressor(codec_name)))})
+    comm.shutdown()
+    Path(out_dir, f"coded{rank}.json").write_text(json.dumps(rows))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [3, 4])
+def test_coded_ring_on_gloo_ranks_equals_its_reference_and_accounts_its_payloads(spawn_ranks, tmp_path, world_size):
+    assert spawn_ranks(coded_worker, world_size, str(tmp_path), timeout_s=120) == [0] * world_size
+    for rank in range(world_size):
+        rows = json.loads((tmp_path / f"coded{rank}.json").read_text())
+        assert len(rows) == 6
+        for row in rows:
+            assert row["equal"] and row["same"], (rank, row)
+            assert row["bytes"] == row["expected"], (rank, row)
+
+
+def test_coded_ring_checks_its_arguments_and_one_rank_rounds_once():
+    from trainers.comm import Comm
+    from trainers.compression import build_compressor
+
+    world_of_one = type("WorldOfOne", (Comm,), {name: None for name in Comm.__abstractmethods__})
+    comm = world_of_one(0, 1, allreduce="auto")
+    int8 = build_compressor("int8")
+    with pytest.raises(ValueError, match="op: 'max'"):
+        comm.allreduce_coded_async(torch.ones(3), int8, op="max")
+    with pytest.raises(ValueError, match="contiguous float"):
+        comm.allreduce_coded_async(torch.ones(3, dtype=torch.int64), int8)
+    x = torch.tensor([1.0, -0.5, 0.3])
+    assert comm.allreduce_coded_async(x, int8).wait() is x
+    assert x.tolist() == int8.decode(int8.encode(torch.tensor([1.0, -0.5, 0.3])), 3, torch.float32).tolist()

@@ -728,3 +728,34 @@ def test_auto_picks_the_ring_for_a_stand_in_s_tensor_and_charges_its_bytes_by_th
         assert done == pytest.approx(expected[rank], rel=1e-9)
         assert value == sum(range(n))  # the real tensor, reduced exactly
         assert sent == pytest.approx(2 * (n - 1) / n * scale * tensor_bytes, rel=1e-6)
+
+
+def test_the_coded_ring_on_sim_gives_the_real_ring_s_bits_and_its_payloads_time():
+    """allreduce_coded_async on sim: ring_coded_reference's bits (what the real coded ring leaves,
+    tests/trainers/test_allreduce.py) on every rank; the ring's time at the payloads' bytes."""
+    from trainers.comm.allreduce import ring_coded_bytes, ring_coded_reference
+    from trainers.compression import build_compressor
+
+    n, numel, rate = 3, 30_000, 1e6
+    int8 = build_compressor("int8")
+    inputs = [torch.randn(numel, generator=torch.Generator().manual_seed(r)) for r in range(n)]
+
+    def body(sim, comm, log):
+        start = sim.now
+        fp32 = inputs[comm.rank].clone()
+        comm.allreduce_async(fp32, op="avg", algorithm="ring").wait()
+        took_fp32 = sim.now - start
+        coded = inputs[comm.rank].clone()
+        start = sim.now
+        comm.allreduce_coded_async(coded, int8, op="avg").wait()
+        log.append((comm.rank, took_fp32, sim.now - start, coded, comm.stats.per_op["all_reduce"].bytes_sent))
+
+    log = simulate(n, body, network(n, 1e-6, rate))
+    reference = ring_coded_reference(inputs, int8, "avg")
+    fp32_bytes = 2 * (n - 1) * numel * 4 // n
+    for rank, took_fp32, took_coded, coded, sent in log:
+        assert torch.equal(coded, reference), rank
+        coded_bytes = ring_coded_bytes(rank, n, inputs[rank], int8)[0]
+        assert sent == fp32_bytes + coded_bytes
+        assert took_fp32 == pytest.approx(fp32_bytes / rate, rel=0.01)
+        assert took_coded == pytest.approx(coded_bytes / rate, rel=0.01)

@@ -12,7 +12,7 @@ Results are bitwise equal on every rank: chunks and parts are combined in a fixe
 
 from __future__ import annotations
 
-from typing import Callable, Literal
+from typing import Callable, Literal, Protocol
 
 import torch
 
@@ -178,6 +178,91 @@ def recursive_doubling(flat: torch.Tensor, op: ReduceOp, rank: int, n: int, exch
         flat.div_(n)
 
 
+class Codec(Protocol):
+    """What :func:`ring_coded` needs of a code (trainers.compression's compressors are ones): a
+    payload of fixed size for a given number of elements, and its decoding."""
+
+    name: str
+
+    def encode(self, flat: torch.Tensor) -> torch.Tensor: ...
+
+    def decode(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor: ...
+
+
+CODED_OPS = ("sum", "avg")
+
+
+def coded_payload_templates(codec: Codec, flat: torch.Tensor, n: int) -> list[torch.Tensor]:
+    """An empty receive buffer per ring chunk of ``flat`` (n chunks, as :func:`ring` splits it),
+    shaped and typed as ``codec``'s payload of that chunk."""
+    sizes = [chunk.numel() for chunk in torch.tensor_split(flat, n)]
+    shapes: dict[int, torch.Tensor] = {}
+    for size in set(sizes):
+        shapes[size] = codec.encode(torch.zeros(size, dtype=torch.float32, device=flat.device))
+    return [torch.empty_like(shapes[size]) for size in sizes]
+
+
+def ring_coded_bytes(rank: int, n: int, flat: torch.Tensor, codec: Codec) -> tuple[int, int]:
+    """(bytes sent, bytes received) by ``rank`` in one :func:`ring_coded` of ``flat``: the payloads
+    of the chunks it sends and receives, 2(n-1) of each."""
+    payload = [tensor_nbytes(t) for t in coded_payload_templates(codec, flat, n)]
+    sent = sum(payload[(rank - step) % n] + payload[(rank - step + 1) % n] for step in range(n - 1))
+    recv = sum(payload[(rank - step - 1) % n] + payload[(rank - step) % n] for step in range(n - 1))
+    return sent, recv
+
+
+def ring_coded(flat: torch.Tensor, codec: Codec, op: str, rank: int, n: int, exchange: Exchange) -> None:
+    """:func:`ring` with every message encoded by ``codec`` (INTELLECT-1's int8 ring all-reduce):
+    each rank sends 2(n-1)/n of the tensor in the code's size, in 2(n-1) steps.
+
+    Reduce-scatter: at each step a rank encodes its partial sum of one chunk and sends it on; the
+    receiver adds the decoded payload to its own float32 chunk (so the sum is kept in float32 and
+    re-encoded at every hop: n-1 roundings on the way). Then the chunk's owner divides by n (avg)
+    and encodes the result once; the all-gather passes these payloads around unchanged and every
+    rank, the owner too, decodes the same payloads: the result is the same bits on every rank.
+    :func:`ring_coded_reference` computes the same numbers from all ranks' inputs in one place.
+
+    Args:
+        flat: 1-D float tensor, overwritten with the result (float32 arithmetic, cast back).
+        codec: the code of every message (encode / decode; payload size fixed by the length).
+        op: sum | avg.
+    """
+    chunks = list(torch.tensor_split(flat, n))
+    work = [chunk.to(torch.float32) for chunk in chunks]
+    right, left = (rank + 1) % n, (rank - 1) % n
+    incoming = coded_payload_templates(codec, flat, n)
+    for step in range(n - 1):  # reduce-scatter: rank r ends owning the reduced chunk r+1
+        send_index, recv_index = (rank - step) % n, (rank - step - 1) % n
+        exchange([(codec.encode(work[send_index]), right)], [(incoming[recv_index], left)])
+        work[recv_index] = work[recv_index] + codec.decode(incoming[recv_index], work[recv_index].numel(),
+                                                           torch.float32)
+    owned = (rank + 1) % n
+    payloads = incoming
+    payloads[owned] = codec.encode(work[owned] / n if op == "avg" else work[owned])
+    for step in range(n - 1):  # all-gather: pass the owners' payloads around the ring
+        send_index, recv_index = (rank - step + 1) % n, (rank - step) % n
+        exchange([(payloads[send_index], right)], [(payloads[recv_index], left)])
+    for chunk, payload in zip(chunks, payloads):
+        chunk.copy_(codec.decode(payload, chunk.numel(), torch.float32))
+
+
+def ring_coded_reference(inputs: list[torch.Tensor], codec: Codec, op: str) -> torch.Tensor:
+    """What :func:`ring_coded` leaves on every rank, from every rank's 1-D ``inputs`` (in rank
+    order), computed in one place with the same operations in the same order (the simulator's
+    result, and the tests' reference)."""
+    n = len(inputs)
+    parts = [list(torch.tensor_split(x.to(torch.float32), n)) for x in inputs]
+    result = []
+    for c in range(n):  # chunk c starts at rank c and is added to at ranks c+1, ..., c+n-1
+        partial = parts[c][c]
+        for k in range(1, n):
+            holder = (c + k) % n
+            partial = parts[holder][c] + codec.decode(codec.encode(partial), partial.numel(), torch.float32)
+        final = codec.encode(partial / n if op == "avg" else partial)
+        result.append(codec.decode(final, partial.numel(), torch.float32))
+    return torch.cat(result).to(inputs[0].dtype)
+
+
 def allgather_direct(parts: list[torch.Tensor], rank: int, n: int, exchange: Exchange) -> None:
     """Every rank sends its part (``parts[rank]``) to every other at once: one one-way delay,
     (n-1) parts sent."""
@@ -198,6 +283,7 @@ ALLGATHER_ALGORITHMS: dict[str, Callable[[list[torch.Tensor], int, int, Exchange
     "direct": allgather_direct, "ring": allgather_ring}
 
 
-# The background algorithms by name ("gloo" is the backend's own collective, not one of these).
+# The background algorithms by name ("gloo" is the backend's own collective, not one of these;
+# ring_coded, the ring with encoded messages, is Comm.allreduce_coded_async's).
 ALGORITHMS: dict[str, Callable[[torch.Tensor, ReduceOp, int, int, Exchange], None]] = {
     "ring": ring, "direct": direct, "recursive_doubling": recursive_doubling}

@@ -19,8 +19,9 @@ hands the exchange to :meth:`Comm._launch`, which runs our own algorithms
 :meth:`Comm.tagged_irecv`; the simulator's comm overrides ``_launch`` alone.
 :meth:`Comm.allgather_async` is the same template for the all-gather (hook
 :meth:`Comm._launch_allgather`), on the same setting, so that non-summable payloads (compression)
-travel on the transport the all-reduce does. Both share one limit, ``max_in_flight``
-(``comm.max_in_flight``): background collectives running at once per rank.
+travel on the transport the all-reduce does; :meth:`Comm.allreduce_coded_async` is the ring
+all-reduce with every message encoded (hook :meth:`Comm._launch_coded`). All share one limit,
+``max_in_flight`` (``comm.max_in_flight``): background collectives running at once per rank.
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ import torch
 
 from trainers import clock
 
-from .allreduce import (ALGORITHMS, ALLGATHER_ALGORITHMS, ALLREDUCE_ALGORITHMS, BACKGROUND_TAGS, MAX_IN_FLIGHT,
-                        AllReduceAlgorithm, ReduceOp, allgather_bytes, allreduce_bytes, resolve_algorithm,
-                        resolve_allgather, tensor_nbytes)
+from .allreduce import (ALGORITHMS, ALLGATHER_ALGORITHMS, ALLREDUCE_ALGORITHMS, BACKGROUND_TAGS, CODED_OPS,
+                        MAX_IN_FLIGHT, AllReduceAlgorithm, Codec, ReduceOp, allgather_bytes, allreduce_bytes,
+                        resolve_algorithm, resolve_allgather, ring_coded, ring_coded_bytes, tensor_nbytes)
 from .streams import ThreadedStreamDriver
 
 OPS = ("all_reduce", "broadcast", "all_gather", "send", "recv", "isend", "irecv", "barrier", "external")
@@ -332,6 +333,41 @@ class Comm(ABC):
         return self._run("all_gather", sent, recv, True,
                          lambda: self._launch_allgather(outputs, tensor, algorithm, tag))
 
+    def allreduce_coded_async(self, tensor: torch.Tensor, codec: Codec, op: str = "avg") -> Work:
+        """Start a ring all-reduce of ``tensor`` whose every message is ``codec``'s payload
+        (:func:`~trainers.comm.allreduce.ring_coded`: partial sums re-encoded at each hop of the
+        reduce-scatter, the owners' results encoded once for the all-gather; INTELLECT-1's int8
+        ring all-reduce); returns a :class:`Work` (``wait()`` returns ``tensor``, overwritten).
+
+        The template of :meth:`allreduce_async`: the same background threads, limit, launch order
+        and message tags; accounted as ``all_reduce`` with the payloads' bytes (2(n-1) chunk
+        payloads each way). Every rank gets the same bits, equal to
+        :func:`~trainers.comm.allreduce.ring_coded_reference` of all ranks' inputs; with one rank
+        the tensor is encoded and decoded once, as an owner's result is.
+
+        Args:
+            tensor: contiguous float tensor, the same shape on every rank.
+            codec: encode / decode with a payload whose size depends on the length alone
+                (trainers.compression's int8, int4, bf16, ...); the same on every rank.
+            op: sum | avg.
+        """
+        if op not in CODED_OPS:
+            raise ValueError(f"op: {op!r} is not one of {CODED_OPS}")
+        if not tensor.is_contiguous() or not tensor.is_floating_point():
+            raise ValueError("allreduce_coded_async: tensor must be a contiguous float tensor")
+        flat = tensor.view(-1)
+        n = self.world_size
+        if n == 1:
+            def one():
+                with torch.no_grad():
+                    flat.copy_(codec.decode(codec.encode(flat), flat.numel(), torch.float32))
+                return tensor
+            return self._run("all_reduce", 0, 0, True, lambda: (one, (lambda: True)))
+        sent, recv = ring_coded_bytes(self.rank, n, flat, codec)
+        tag = self._launched % BACKGROUND_TAGS  # one tag sequence with the other background collectives
+        self._launched += 1
+        return self._run("all_reduce", sent, recv, True, lambda: self._launch_coded(tensor, codec, op, tag))
+
     def _allreduce_algorithm_for(self, tensor: torch.Tensor, op: ReduceOp,
                                  algorithm: Optional[AllReduceAlgorithm]) -> str:
         """The all-reduce :meth:`allreduce_async` runs for ``tensor``: the one named, else this
@@ -363,6 +399,14 @@ class Comm(ABC):
         future: Future = self._pool().submit(run, parts, self.rank, self.world_size,
                                              lambda sends, recvs: self._p2p(tag, sends, recvs))
         return (lambda: (future.result(), outputs)[1]), future.done
+
+    def _launch_coded(self, tensor: torch.Tensor, codec: Codec, op: str, tag: int) -> tuple[Callable, Callable]:
+        """Start one :meth:`allreduce_coded_async` (the coded ring on a background thread); the
+        simulator overrides it."""
+        flat = tensor.view(-1)
+        future: Future = self._pool().submit(ring_coded, flat, codec, op, self.rank, self.world_size,
+                                             lambda sends, recvs: self._p2p(tag, sends, recvs))
+        return (lambda: (future.result(), tensor)[1]), future.done
 
     def _pool(self) -> ThreadPoolExecutor:
         """The background threads: ``max_in_flight`` of them, so at most that many background

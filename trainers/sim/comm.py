@@ -6,8 +6,9 @@ completes when its last byte left, the receive when it arrived; messages are mat
 by source and tag, in posting order.
 Collectives complete when the collective model (``trainers.sim.collectives``) says each rank is
 done, counted from the moment each rank entered them; their results are exact (reduced in rank
-order, so every rank gets the same bits). Background collectives (``allreduce_async``,
-``allgather_async``) obey the comm's ``max_in_flight`` as the real comm's threads do: one launched
+order, so every rank gets the same bits; the coded ring, ``allreduce_coded_async``, gives the
+bits its real counterpart gives, ``ring_coded_reference``). Background collectives
+(``allreduce_async``, ``allgather_async``, ``allreduce_coded_async``) obey the comm's ``max_in_flight`` as the real comm's threads do: one launched
 while that many of this rank's are unfinished enters when the earliest-launched waiting one can
 start, i.e. when one of the running ones finishes (queueing in virtual time). The base class's
 accounting (bytes by the textbook model, blocked time) is unchanged, measured on the virtual clock.
@@ -26,7 +27,7 @@ import numpy as np
 import torch
 
 from trainers.comm import COMBINE, MAX_IN_FLIGHT, STREAM_TAG, Comm, tensor_nbytes
-from trainers.comm.allreduce import DIRECT_MAX_BYTES
+from trainers.comm.allreduce import DIRECT_MAX_BYTES, coded_payload_templates, ring_coded_reference
 
 from . import collectives
 from .engine import Completion, Simulator
@@ -228,6 +229,12 @@ class Exchange:
             if reduce_op == "avg":
                 result.div_(n)
             results = [result] * n
+        elif op == "all_reduce_coded":  # the ring with encoded messages: key[1] is the n chunks' payloads
+            nbytes, reduce_op = wire(key[1]), key[2]
+            times = collectives.ring_allreduce(entered, network, nbytes)
+            codec = collective.inputs[0][1]
+            result = ring_coded_reference([collective.inputs[r][0] for r in range(n)], codec, reduce_op)
+            results = [result] * n
         elif op == "broadcast":
             src, nbytes = key[0], wire(key[1])
             times = collectives.broadcast(entered, network, nbytes, src)
@@ -402,6 +409,21 @@ class SimComm(Comm):
         """:meth:`Comm.allgather_async`'s exchange: the collective model of ``algorithm`` (direct
         or ring), within ``max_in_flight``; ``wait()`` returns ``outputs``."""
         return self._gather(outputs, tensor, algorithm, background=True, result=outputs)
+
+    def _launch_coded(self, tensor: torch.Tensor, codec, op: str, tag: int):
+        """:meth:`Comm.allreduce_coded_async`'s exchange: the ring's collective model charged with
+        the payloads' bytes, the result :func:`ring_coded_reference` of every rank's input (the
+        bits the real coded ring leaves), within ``max_in_flight``."""
+        flat = tensor.detach().reshape(-1)
+        payload_bytes = sum(tensor_nbytes(t) for t in coded_payload_templates(codec, flat, self.world_size))
+
+        def write(result):
+            with torch.no_grad():
+                tensor.view(-1).copy_(result)
+
+        done = self._collective("all_reduce_coded", (codec.name, payload_bytes, op, tensor.numel()),
+                                (flat.clone(), codec), write, background=True)
+        return self._handle(done, tensor)
 
     def _within_limit(self, enter: Callable[[Completion], Completion], what: str) -> Completion:
         """Enter a background collective now if fewer than ``max_in_flight`` of this rank's are
