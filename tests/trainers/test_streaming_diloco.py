@@ -58,6 +58,17 @@ def test_diloco_outer_precision_is_checked_and_defaults_to_fp32():
         DiLoCoParams(outer_precision="fp8")
 
 
+def test_diloco_outer_reduce_is_checked_against_the_precision():
+    from trainers.algorithms.diloco import DiLoCoParams
+
+    assert DiLoCoParams().outer_reduce == "allgather"
+    assert DiLoCoParams(outer_precision="int8", outer_reduce="ring").outer_reduce == "ring"
+    with pytest.raises(ConfigError, match=r"^outer_reduce: ring is the coded ring of outer_precision bf16"):
+        DiLoCoParams(outer_reduce="ring")
+    with pytest.raises(ConfigError, match=r"^outer_reduce: must be one of \('allgather', 'ring'\)"):
+        DiLoCoParams(outer_precision="int8", outer_reduce="tree")
+
+
 def test_registered_and_checked_through_the_config():
     from trainers.loading import load_config
 
@@ -170,6 +181,7 @@ RUNS = {
        for precision in ("fp32", "bf16", "int8", "int4")},
     "diloco_int8": ["diloco", {"H": 5, "outer_precision": "int8"}, 20],
     "diloco_int4": ["diloco", {"H": 5, "outer_precision": "int4"}, 20],
+    "diloco_int8_ring": ["diloco", {"H": 5, "outer_precision": "int8", "outer_reduce": "ring"}, 20],
     # learning at all
     "learn": ["streaming_diloco", {"H": 10, "fragments": 2, "overlap": 2, "outer_precision": "int4"}, 100],
 }
@@ -259,6 +271,12 @@ def test_each_fragment_crosses_once_per_H_steps_sized_by_the_precision(four_rank
     d = results["diloco"]["numel"]
     assert results["diloco_int8"]["bytes_sent"] == ([0] * 4 + [(n - 1) * (4 * math.ceil(d / 512) + d)]) * 4
     assert results["diloco_int4"]["bytes_sent"] == ([0] * 4 + [(n - 1) * (4 * math.ceil(d / 512) + math.ceil(d / 2))]) * 4
+    # outer_reduce ring: the coded ring, 2 (n-1) chunk payloads a rank (half the all-gather's at n = 4)
+    from trainers.comm.allreduce import ring_coded_bytes
+    from trainers.compression import build_compressor
+    ring = ring_coded_bytes(0, n, torch.empty(d), build_compressor("int8"))[0]
+    assert results["diloco_int8_ring"]["bytes_sent"] == ([0] * 4 + [ring]) * 4
+    assert ring / ((n - 1) * (4 * math.ceil(d / 512) + d)) == pytest.approx(2 * (n - 1) / n / (n - 1), rel=0.01)
 
 
 @pytest.mark.slow
@@ -266,12 +284,16 @@ def test_low_precision_outer_gradients_stay_close_to_fp32_and_agree_on_every_ran
     fp32 = torch.tensor(four_ranks[0]["diloco"]["global"])
     moved = (fp32 - torch.tensor(four_ranks[0]["streaming_as_diloco"]["global"])).abs().max().item()
     assert moved <= 1e-6
-    for label in ("diloco_int8", "diloco_int4", "bytes_int8", "bytes_int4", "bytes_bf16"):
+    for label in ("diloco_int8", "diloco_int4", "diloco_int8_ring", "bytes_int8", "bytes_int4", "bytes_bf16"):
         for rank in range(1, WORLD):
             assert four_ranks[rank][label]["global"] == four_ranks[0][label]["global"], (label, rank)
     gap8 = (torch.tensor(four_ranks[0]["diloco_int8"]["global"]) - fp32).abs().max().item()
     gap4 = (torch.tensor(four_ranks[0]["diloco_int4"]["global"]) - fp32).abs().max().item()
     assert 0 < gap8 < gap4, (gap8, gap4)
+    # the coded ring rounds each partial sum on the way (n-1 times): further from fp32 than the
+    # all-gather's one rounding, nearer than int4's coarser code
+    gap8_ring = (torch.tensor(four_ranks[0]["diloco_int8_ring"]["global"]) - fp32).abs().max().item()
+    assert gap8 <= gap8_ring < gap4, (gap8, gap8_ring, gap4)
 
 
 @pytest.mark.slow

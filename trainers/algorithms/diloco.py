@@ -9,7 +9,9 @@ replicas' mean. The replica restarts from the new theta_g; inner optimizer state
 
 ``outer_precision`` (fp32 | bf16 | int8 | int4) sets how the pseudo-gradient crosses the
 network: fp32 (default) is the all-reduce above; the others all-gather encoded payloads and
-average the decoded ones in float32 (trainers/algorithms/diloco_common.py). The BatchNorm
+average the decoded ones in float32 (trainers/algorithms/diloco_common.py), or, with
+``outer_reduce: ring``, run a ring all-reduce whose every message is encoded (INTELLECT-1's int8
+ring all-reduce: the ring's bytes at the code's size, partial sums rounded at every hop). The BatchNorm
 buffers are averaged in float32 whatever the precision. Crash tolerance is tested at fp32 only
 (tests/trainers/test_fault_tolerance.py); the all-gather of the other precisions through a crash
 is not.
@@ -48,7 +50,8 @@ from torch import nn
 
 from trainers.algorithms.base import AlgorithmContext, StepResult
 from trainers.algorithms.diloco_common import (
-    OUTER_PRECISIONS, GlobalModelAlgorithm, OuterPrecision, check_outer_sgd, float_buffers, launch_average,
+    OUTER_PRECISIONS, GlobalModelAlgorithm, OuterPrecision, check_outer_reduce, check_outer_sgd, float_buffers,
+    launch_average,
     outer_compressor, outer_step, pseudo_gradient,
 )
 from trainers.algorithms.hooks import ExchangeHook, allreduce_hook
@@ -63,8 +66,9 @@ class DiLoCoParams:
     Nesterov momentum; nesterov: use Nesterov (else heavy-ball) momentum in the outer step;
     collective: how the pseudo-gradient is averaged, allreduce (gloo/nccl) or ring (isend/irecv
     ring, fewer WAN round trips); outer_precision: the pseudo-gradient on the wire, fp32
-    (all-reduced) or bf16 | int8 | int4 (encoded, all-gathered, averaged in float32);
-    warmup_steps: initial data-parallel steps (gradient all-reduce every step, as `sync`) before
+    (all-reduced) or bf16 | int8 | int4 (encoded); outer_reduce: how encoded pseudo-gradients
+    are averaged, allgather (every payload to every rank, averaged in float32) or ring (the coded
+    ring all-reduce: 2 (n-1)/n payloads a rank, re-encoded at every hop); warmup_steps: initial data-parallel steps (gradient all-reduce every step, as `sync`) before
     the first round; bucket_cap_mb: bucket size of that warm-up all-reduce (MiB)."""
 
     H: int = 50
@@ -73,6 +77,7 @@ class DiLoCoParams:
     nesterov: bool = True
     collective: Literal["allreduce", "ring"] = "allreduce"
     outer_precision: OuterPrecision = "fp32"
+    outer_reduce: Literal["allgather", "ring"] = "allgather"
     warmup_steps: int = 0
     bucket_cap_mb: float = 25.0
 
@@ -81,6 +86,7 @@ class DiLoCoParams:
         require_int("warmup_steps", self.warmup_steps, minimum=0)
         require_float("bucket_cap_mb", self.bucket_cap_mb, minimum=0.0, min_exclusive=True)
         require_choice("outer_precision", self.outer_precision, OUTER_PRECISIONS)
+        check_outer_reduce(self.outer_reduce, self.outer_precision)
         check_outer_sgd(self.outer_lr, self.outer_momentum, self.nesterov)
         require_choice("collective", self.collective, ("allreduce", "ring"))
 
@@ -147,7 +153,7 @@ class DiLoCo(GlobalModelAlgorithm):
     def _outer_step(self) -> None:
         global_params = list(self.global_model.parameters())
         delta = pseudo_gradient(global_params, list(self.model.parameters()))
-        launch_average(self.comm, delta, self.outer_code, self.params.collective).wait()
+        launch_average(self.comm, delta, self.outer_code, self.params.collective, self.params.outer_reduce).wait()
         outer_step(global_params, delta, self.outer_optimizer)
         # BatchNorm statistics are not trained by gradients: average them as they are.
         self.average_tensors(float_buffers(self.model), self.params.collective)
