@@ -1,0 +1,145 @@
+"""SwarmSGD's comparison at 16 nodes (scenarios/paper-swarmsgd-fmnist16*.yaml) from finished runs:
+per label and seed the final accuracy, time to the target, steps/s, bytes per node (summary.csv),
+and what the summary does not hold: how many pairwise averages each node applied over the run
+and how stale a reply was when applied (in the replier's steps), from every rank's step records.
+
+    .venv/bin/python bench/bench_swarmsgd_paper.py RUN [RUN ...] [--csv FILE]
+    .venv/bin/python bench/bench_swarmsgd_paper.py --figure FILE.png EVIDENCE_RUN
+
+RUN: a run folder (results/runs/<scenario>/<run-id>) with its ranks' records (rank<N>.jsonl);
+the committed evidence keeps rank 0's thinned records only, so the averages column needs the
+run folders (its CSV is committed beside the evidence). Prints one row per job and one per label
+(median over its seeds, with the range). ``--figure`` draws held-out accuracy against steps
+and against virtual time per label of the reported seeds (median line, band over the seeds) from
+the jobs' eval.jsonl, which the committed evidence keeps: it needs no run folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import sys
+from pathlib import Path
+
+COLUMNS = ("run", "label", "seed", "final_accuracy", "time_to_target_s", "steps_per_s", "bytes_sent_per_node",
+           "first_sync_step", "averages_per_node_median", "averages_per_node_min", "averages_per_node_max",
+           "reply_staleness_median")
+
+
+def averages(job_dir: Path) -> tuple[list[int], list[float]]:
+    """(averages applied per rank over the run, every applied reply's staleness in steps): the
+    sums of the step records' ``syncs_applied`` (a per-step count) and their ``staleness``."""
+    per_rank, stale = [], []
+    for path in sorted(job_dir.glob("rank*.jsonl")):
+        applied = 0
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            if row.get("kind") != "step":
+                continue
+            applied += row.get("syncs_applied") or 0
+            if row.get("staleness") is not None:
+                stale.append(row["staleness"])
+        per_rank.append(applied)
+    return per_rank, stale
+
+
+def rows_of(run_dir: Path) -> list[dict]:
+    with open(run_dir / "report" / "summary.csv", newline="") as handle:
+        summary = list(csv.DictReader(handle))
+    rows = []
+    for entry in summary:
+        if entry["status"] != "ok":
+            continue
+        job_dir = run_dir / "jobs" / f"{entry['network']}-{entry['label']}-seed{entry['seed']}"
+        per_rank, stale = averages(job_dir)
+        if not per_rank:
+            raise SystemExit(f"{job_dir}: no rank<N>.jsonl (a run folder, not its evidence, is needed)")
+        rows.append({"run": run_dir.name, "label": entry["label"], "seed": int(entry["seed"]),
+                     **{key: entry[key] for key in COLUMNS[3:8]},
+                     "averages_per_node_median": statistics.median(per_rank),
+                     "averages_per_node_min": min(per_rank), "averages_per_node_max": max(per_rank),
+                     "reply_staleness_median": statistics.median(stale) if stale else ""})
+    return rows
+
+
+def draw(run_dir: Path, path: Path, labels=("sync", "local_sgd-H4", "local_sgd-H16-ring", "swarmsgd", "local_only"),
+         target: float = 0.85) -> None:
+    """Accuracy vs step and vs virtual time, per label over its seeds >= 1 (median, min-max band)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for label in labels:
+        curves = []
+        for job in sorted((run_dir / "jobs").glob(f"*-{label}-seed*")):
+            if job.name.rsplit("-seed", 1)[0].split("-", 1)[1] != label or job.name.endswith("seed0"):
+                continue
+            evals = [json.loads(line) for line in (job / "eval.jsonl").read_text().splitlines()]
+            curves.append([(e["step"] + 1, e["time_s"], e["accuracy"]) for e in evals])
+        if not curves:
+            continue
+        length = min(len(c) for c in curves)
+        data = np.array([c[:length] for c in curves])  # seeds x evals x (step, time, accuracy)
+        accuracy = data[:, :, 2]
+        for axis, x in ((by_step, data[0, :, 0]), (by_time, np.median(data[:, :, 1], axis=0))):
+            line, = axis.plot(x, np.median(accuracy, axis=0), label=f"{label} ({len(curves)} seeds)")
+            axis.fill_between(x, accuracy.min(axis=0), accuracy.max(axis=0), color=line.get_color(), alpha=0.2)
+    for axis, xlabel in ((by_step, "step (every label: 16 x 32 images a step)"), (by_time, "virtual time (s)")):
+        axis.axhline(target, color="grey", linestyle=":", linewidth=1)
+        axis.set_xlabel(xlabel)
+        axis.set_ylabel("held-out accuracy (10,000 images)")
+        axis.set_ylim(0, 0.95)
+        axis.grid(alpha=0.3)
+    by_time.set_xscale("log")
+    by_step.legend(fontsize=8, loc="lower right")
+    fig.suptitle(f"SwarmSGD at 16 nodes on aws-4region (sim), LeNet / Fashion-MNIST: {run_dir.name}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"figure: {path}")
+
+
+def number(text) -> float:
+    return float(text) if text not in ("", None) else float("nan")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", type=Path, nargs="+", help="run folders of scenarios/paper-swarmsgd-fmnist16*.yaml")
+    parser.add_argument("--csv", type=Path, help="write the per-job rows here")
+    parser.add_argument("--figure", type=Path, help="draw the first run's accuracy curves here (PNG) and stop")
+    args = parser.parse_args(argv)
+    if args.figure:
+        draw(args.runs[0], args.figure)
+        return 0
+    rows = [row for run in args.runs for row in rows_of(run)]
+    print("| run | label | seed | final acc | to target s | steps/s | MB sent/node | averages/node (range) | reply staleness |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        print(f"| {row['run']} | {row['label']} | {row['seed']} | {number(row['final_accuracy']):.4f} | "
+              f"{number(row['time_to_target_s']):.1f} | {number(row['steps_per_s']):.2f} | "
+              f"{number(row['bytes_sent_per_node']) / 1e6:.2f} | {row['averages_per_node_median']:g} "
+              f"({row['averages_per_node_min']}-{row['averages_per_node_max']}) | {row['reply_staleness_median']} |")
+    print("\nper label (median over seeds, range):")
+    labels: dict[str, list[dict]] = {}
+    for row in rows:
+        labels.setdefault(row["label"], []).append(row)
+    for label, group in labels.items():
+        accuracy = [number(r["final_accuracy"]) for r in group]
+        applied = [r["averages_per_node_median"] for r in group]
+        print(f"  {label}: {len(group)} seeds, final accuracy {statistics.median(accuracy):.4f} "
+              f"({min(accuracy):.4f}-{max(accuracy):.4f}), averages per node {statistics.median(applied):g}")
+    if args.csv:
+        with open(args.csv, "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=COLUMNS)
+            writer.writeheader()
+            writer.writerows(rows)
+        print(f"csv: {args.csv}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
