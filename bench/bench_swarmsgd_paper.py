@@ -1,7 +1,8 @@
 """SwarmSGD's comparison at 16 nodes (scenarios/paper-swarmsgd-fmnist16*.yaml) from finished runs:
 per label and seed the final accuracy, time to the target, steps/s, bytes per node (summary.csv),
 and what the summary does not hold: how many pairwise averages each node applied over the run
-and how stale a reply was when applied (in the replier's steps), from every rank's step records.
+and how stale a reply was (the requester's own steps from sending its request to the reply's
+arrival: swarmsgd.py's ``staleness``), from every rank's step records.
 
     .venv/bin/python bench/bench_swarmsgd_paper.py RUN [RUN ...] [--csv FILE]
     .venv/bin/python bench/bench_swarmsgd_paper.py --figure FILE.png EVIDENCE_RUN
