@@ -238,7 +238,9 @@ def test_the_summary_follows_from_the_committed_evals(folder):
         if pd.isna(expected["time_to_target_s"]):
             assert reached is None
         else:
-            assert reached + expected["output_sync_s"] == pytest.approx(expected["time_to_target_s"], rel=1e-9)
+            # without a sync job in the run the output's averaging is not measured: left out (harness/results.py)
+            output_sync = 0.0 if pd.isna(expected["output_sync_s"]) else expected["output_sync_s"]
+            assert reached + output_sync == pytest.approx(expected["time_to_target_s"], rel=1e-9)
         times[(job.network_key, info["label"], info["seed"])] = expected["time_to_target_s"]
         syncs = job.path / FIRST_SYNCS_FILE
         if pd.notna(expected["first_sync_step"]):
