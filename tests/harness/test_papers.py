@@ -424,6 +424,7 @@ DILOCO_TABLES = [
     ("hierarchical-lm/20261127-024434", "hierarchical-lm/hierarchical-lm-8.csv", "diloco-H125"),
     ("hierarchical-lm/20261127-025456", "hierarchical-lm/hierarchical-lm-16.csv", "diloco-H125"),
     ("diloco-lm-b64/20261127-061018+diloco-lm-b64/20261127-061018-controls", "diloco-lm-b64/diloco-lm-b64.csv", "sync"),
+    ("diloco-lm-b64/20261127-061018+diloco-lm-b64/20261127-095437-ring", "diloco-lm-b64/diloco-lm-b64-ring.csv", "sync"),
 ]
 
 
@@ -543,3 +544,17 @@ def test_swarmsgd_averages_csv_agrees_with_its_evidence(tmp_path):
                                          for s, c in enumerate(counts)]
         (job / f"rank{rank}.jsonl").write_text("\n".join(json.dumps(r) for r in records))
     assert bench.averages(job) == ([3, 1], [5, 5, 5])
+
+
+def test_whole_split_of_the_ring_run_is_of_its_committed_jobs():
+    """heldout-full-ring-jobs.csv (bench_heldout_full on the coded-ring run's snapshots): one row
+    per reported job of 20261127-095437-ring, its capped loss the job's last committed evaluation."""
+    folder = PAPERS_ROOT / "diloco-lm-b64"
+    jobs = pd.read_csv(folder / "heldout-full-ring-jobs.csv")
+    reported = [job for job in (folder / "20261127-095437-ring" / "jobs").iterdir() if "-lr" not in job.name]
+    assert len(reported) == len(jobs) == 3 and (jobs["test_sequences"] > 20 * 500).all()
+    for job in reported:
+        label, seed = job.name.removeprefix("delay1-").rsplit("-seed", 1)
+        row = jobs[(jobs["label"] == label) & (jobs["seed"] == int(seed))]
+        last = [json.loads(line) for line in (job / "eval.jsonl").read_text().splitlines()][-1]
+        assert len(row) == 1 and row["loss_capped"].iloc[0] == pytest.approx(last["loss"], rel=1e-12)
