@@ -285,7 +285,7 @@ for name, table in tables.items():
         "look_for": ("At equal tokens (left) DiLoCo ends 25 % above sync's loss from random weights, "
                      "about 7 % above from the warm start, and about 2 % above at 64 sequences per node "
                      "(+2.1 % on the runs' 500 held-out sequences, +1.85 % on the whole held-out split: "
-                     "RESULTS section 17), while its bytes are 124-193x fewer (49x against a ring "
+                     "RESULTS section 17), while its bytes are 124-193x fewer (48x against a ring "
                      "all-reduce at 64; over the int8 ring all-reduce +1.8 % and 178x fewer than a ring). "
                      "Against time (right) the local methods finish long before sync. DiLoCo below local "
                      "SGD would show its outer optimizer helping; here it is above."),

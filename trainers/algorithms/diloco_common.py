@@ -20,8 +20,8 @@ Outer precisions (``outer_precision``):
 * The same codes over a coded ring all-reduce (``outer_reduce: ring``; INTELLECT-1's int8 ring
   all-reduce; ``Comm.allreduce_coded_async``): the reduce-scatter re-encodes each partial sum at
   every hop and the all-gather passes each owner's encoded result, so a rank sends
-  2 (n-1)/n payloads: the ring's bytes at the code's size (at n = 8 an int8 ring sends 1.77 bytes a
-  parameter against 7.0 for float32: 3.96x fewer, whatever n). The price is n-1 roundings of each
+  2 (n-1)/n payloads: the ring's bytes at the code's size (at n = 8 an int8 ring sends 1.76 bytes a
+  parameter against 7.0 for float32: 3.97x fewer, whatever n). The price is n-1 roundings of each
   chunk's partial sum on the way (measured on random data at n = 8: worst error 1.5 % of the
   largest element for int8, against 0.4 % for one rounding) where the all-gather rounds once.
 """
