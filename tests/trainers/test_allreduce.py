@@ -289,7 +289,7 @@ def test_ddp_runs_on_our_transport_through_its_comm_hook(spawn_ranks, tmp_path):
 
 
 @pytest.mark.parametrize("codec_name", ["int8", "int4", "bf16"])
-@pytest.mark.parametrize("n", [2, 3, 4, 5])
+@pytest.mark.parametrize("n", [2, 3, 5, 8])
 @pytest.mark.parametrize("numel", [3, 1000, 4099])
 def test_coded_ring_gives_every_rank_the_same_bits_equal_to_its_reference(codec_name, n, numel):
     from trainers.comm.allreduce import ring_coded, ring_coded_reference
@@ -304,11 +304,17 @@ def test_coded_ring_gives_every_rank_the_same_bits_equal_to_its_reference(codec_
         flat = inputs[rank].clone()
         ring_coded(flat, codec, "avg", rank, n, exchange)
         results[rank] = flat
+        summed = inputs[rank].clone()
+        ring_coded(summed, codec, "sum", rank, n, exchange)
+        sums[rank] = summed
 
+    sums = {}
     _run_in_threads(n, body)
     reference = ring_coded_reference(inputs, codec, "avg")
     for rank in range(n):
         assert torch.equal(results[rank], reference), (codec_name, n, numel, rank)
+        assert torch.equal(sums[rank], ring_coded_reference(inputs, codec, "sum")), (codec_name, n, numel, rank)
+    assert torch.allclose(sums[0], torch.stack(inputs).sum(0), atol=2 * n * n * max(x.abs().max().item() for x in inputs) / 14)
     exact = torch.stack(inputs).mean(0)
     if numel > 2 * n:  # (a one-element chunk is its own scale: exact in any of these codes)
         assert not torch.equal(reference, exact)  # it is a code: something was rounded
