@@ -68,7 +68,8 @@ class DiLoCoParams:
     ring, fewer WAN round trips); outer_precision: the pseudo-gradient on the wire, fp32
     (all-reduced) or bf16 | int8 | int4 (encoded); outer_reduce: how encoded pseudo-gradients
     are averaged, allgather (every payload to every rank, averaged in float32) or ring (the coded
-    ring all-reduce: 2 (n-1)/n payloads a rank, re-encoded at every hop); warmup_steps: initial data-parallel steps (gradient all-reduce every step, as `sync`) before
+    ring all-reduce: 2 (n-1)/n payloads a rank, re-encoded at every hop); warmup_steps: initial
+    data-parallel steps (gradient all-reduce every step, as `sync`) before
     the first round; bucket_cap_mb: bucket size of that warm-up all-reduce (MiB)."""
 
     H: int = 50

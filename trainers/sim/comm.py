@@ -8,9 +8,9 @@ Collectives complete when the collective model (``trainers.sim.collectives``) sa
 done, counted from the moment each rank entered them; their results are exact (reduced in rank
 order, so every rank gets the same bits; the coded ring, ``allreduce_coded_async``, gives the
 bits its real counterpart gives, ``ring_coded_reference``). Background collectives
-(``allreduce_async``, ``allgather_async``, ``allreduce_coded_async``) obey the comm's ``max_in_flight`` as the real comm's threads do: one launched
-while that many of this rank's are unfinished enters when the earliest-launched waiting one can
-start, i.e. when one of the running ones finishes (queueing in virtual time). The base class's
+(``allreduce_async``, ``allgather_async``, ``allreduce_coded_async``) obey the comm's
+``max_in_flight`` as the real comm's threads do: one launched while that many of this rank's are
+unfinished enters when the earliest-launched waiting one can start, i.e. when one of the running ones finishes (queueing in virtual time). The base class's
 accounting (bytes by the textbook model, blocked time) is unchanged, measured on the virtual clock.
 A stand-in model (``Simulator.wire_scale``): every message's flow, every collective's bytes and
 the byte counters are its real bytes x the scale (``Simulator.wire_bytes``); the tensors moved and
