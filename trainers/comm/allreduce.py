@@ -184,6 +184,8 @@ class Codec(Protocol):
 
     name: str
 
+    def payload_bytes(self, numel: int) -> int: ...
+
     def encode(self, flat: torch.Tensor) -> torch.Tensor: ...
 
     def decode(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor: ...
@@ -202,10 +204,16 @@ def coded_payload_templates(codec: Codec, flat: torch.Tensor, n: int) -> list[to
     return [torch.empty_like(shapes[size]) for size in sizes]
 
 
+def coded_chunk_bytes(codec: Codec, flat: torch.Tensor, n: int) -> list[int]:
+    """The payload bytes of each of the n ring chunks of ``flat`` (the codec's size rule: nothing
+    is encoded)."""
+    return [codec.payload_bytes(chunk.numel()) for chunk in torch.tensor_split(flat, n)]
+
+
 def ring_coded_bytes(rank: int, n: int, flat: torch.Tensor, codec: Codec) -> tuple[int, int]:
     """(bytes sent, bytes received) by ``rank`` in one :func:`ring_coded` of ``flat``: the payloads
     of the chunks it sends and receives, 2(n-1) of each."""
-    payload = [tensor_nbytes(t) for t in coded_payload_templates(codec, flat, n)]
+    payload = coded_chunk_bytes(codec, flat, n)
     sent = sum(payload[(rank - step) % n] + payload[(rank - step + 1) % n] for step in range(n - 1))
     recv = sum(payload[(rank - step - 1) % n] + payload[(rank - step) % n] for step in range(n - 1))
     return sent, recv

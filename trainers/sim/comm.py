@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from trainers.comm import COMBINE, MAX_IN_FLIGHT, STREAM_TAG, Comm, tensor_nbytes
-from trainers.comm.allreduce import DIRECT_MAX_BYTES, coded_payload_templates, ring_coded_reference
+from trainers.comm.allreduce import DIRECT_MAX_BYTES, coded_chunk_bytes, ring_coded_reference
 
 from . import collectives
 from .engine import Completion, Simulator
@@ -415,7 +415,7 @@ class SimComm(Comm):
         the payloads' bytes, the result :func:`ring_coded_reference` of every rank's input (the
         bits the real coded ring leaves), within ``max_in_flight``."""
         flat = tensor.detach().reshape(-1)
-        payload_bytes = sum(tensor_nbytes(t) for t in coded_payload_templates(codec, flat, self.world_size))
+        payload_bytes = sum(coded_chunk_bytes(codec, flat, self.world_size))
 
         def write(result):
             with torch.no_grad():
