@@ -259,7 +259,7 @@ def _train(config: Config, comm: Comm, writer: RecordWriter, device: torch.devic
     clock.training_starts()  # a simulated rank may be held here to its start-up offset
     train_start = writer.clock()
     for step in range(training.first_step, config.steps):
-        lr = lr_at(step, config.lr, config.lr_schedule, config.steps)
+        lr = lr_at(step, algorithm.peak_lr(step, config.lr), config.lr_schedule, config.steps)
         algorithm.set_lr(lr)
         indices = sampler.next_indices()
         batch = (data.inputs(data.train_x[indices].to(device)), data.train_y[indices].to(device))

@@ -59,7 +59,7 @@ def test_defaults_are_resolved_into_params():
     written = to_dict(config)  # what config.resolved.json holds
     assert written["algorithm"]["params"] == {
         "H": 5, "outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True, "collective": "allreduce",
-        "outer_precision": "fp32", "outer_reduce": "allgather", "warmup_steps": 0, "bucket_cap_mb": 25.0,
+        "outer_precision": "fp32", "outer_reduce": "allgather", "warmup_steps": 0, "warmup_lr": None, "bucket_cap_mb": 25.0,
     }
     assert written["model"]["params"] == {"hidden_sizes": [64]}
 

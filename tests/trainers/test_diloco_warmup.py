@@ -24,7 +24,9 @@ def _diloco(**params) -> DiLoCo:
 
 
 @pytest.mark.parametrize("changes, field", [({"warmup_steps": -1}, "warmup_steps"), ({"warmup_steps": 2.5}, "warmup_steps"),
-                                            ({"bucket_cap_mb": 0}, "bucket_cap_mb")])
+                                            ({"bucket_cap_mb": 0}, "bucket_cap_mb"),
+                                            ({"warmup_steps": 4, "warmup_lr": 0}, "warmup_lr"),
+                                            ({"warmup_lr": 0.02}, "warmup_lr")])
 def test_bad_warmup_params_name_the_field(changes, field):
     with pytest.raises(ConfigError, match=rf"^{field}: "):
         DiLoCoParams(**changes)
@@ -62,3 +64,9 @@ def test_a_rank_rejoining_in_the_warmup_gets_the_replica_and_the_inner_adamw_sta
         assert torch.equal(ours, theirs)
     moments = [s["exp_avg"] for s in rejoiner.optimizer.state_dict()["state"].values()]
     assert moments and all(m.abs().sum() > 0 for m in moments)
+
+
+@pytest.mark.parametrize("warmup_lr, expected", [(None, [0.1] * 8), (0.02, [0.02] * 6 + [0.1] * 2)])
+def test_warmup_lr_is_the_peak_lr_of_the_warmups_steps_only(warmup_lr, expected):
+    algorithm = _diloco(H=5, warmup_steps=6, warmup_lr=warmup_lr)
+    assert [algorithm.peak_lr(step, 0.1) for step in range(8)] == expected

@@ -44,6 +44,9 @@ RUNS = {
     # the whole run is DiLoCo's data-parallel warm-up: it must be `sync` with AdamW
     "diloco_warmup_all_adamw": {**ADAMW, "algorithm": {"name": "diloco", "params": {"H": 5, "warmup_steps": 12}}},
     "diloco_warmup4_h3_adamw": {**ADAMW, "algorithm": {"name": "diloco", "params": {"H": 3, "warmup_steps": 4}}},
+    # the job's lr is DiLoCo's (0.004); the warm-up runs at sync_adamw's 0.01 (warmup_lr): sync's first steps
+    "diloco_warmup4_h3_lr_adamw": {**ADAMW, "lr": 0.004,
+                                   "algorithm": {"name": "diloco", "params": {"H": 3, "warmup_steps": 4, "warmup_lr": 0.01}}},
     "dts_p2_t3_plain": {**PLAIN, "steps": 24, "eval_every": 24, "algorithm": {"name": "dts", "params": {"p": 2, "t": 3}}},
     # a cosine schedule ends at lr 0, the step a correction is due (launched at 21, applied at 23)
     "dts_p2_t2_cosine_plain": {**PLAIN, "steps": 24, "eval_every": 24, "lr_schedule": {"name": "cosine"},
@@ -154,6 +157,21 @@ def test_diloco_rounds_count_from_the_end_of_the_warmup(runs):
         assert [r["loss"] for r in steps[:5]] == pytest.approx(sync_losses[:5], abs=1e-6)
     assert [r["loss"] for r in records(out, 0, "step")][5:] != [r["loss"] for r in records(runs["sync_adamw"], 0, "step")][5:]
     assert max_difference(final_state(out, 0), final_state(out, 1)) > 1e-4  # 2 inner steps since the last round
+
+
+def test_diloco_warmup_lr_makes_the_warmup_syncs_own_first_steps(runs):
+    """warmup_lr = sync's lr, job lr lower: steps 0-3 run at sync's lr and are sync's steps (the
+    losses of steps 0-4 agree, step 4's from the warm-up's model), then the job's lr applies."""
+    out = runs["diloco_warmup4_h3_lr_adamw"]
+    for rank in range(2):
+        steps = records(out, rank, "step")
+        sync = records(runs["sync_adamw"], rank, "step")
+        assert [r["lr"] for r in steps] == pytest.approx([0.01] * 4 + [0.004] * 8)
+        assert [r["lr"] for r in sync] == pytest.approx([0.01] * 12)
+        assert [r["loss"] for r in steps[:5]] == pytest.approx([r["loss"] for r in sync[:5]], abs=1e-6)
+    # from step 4 the replicas take smaller steps than diloco_warmup4_h3_adamw's (job lr 0.01)
+    same_job_lr = [r["loss"] for r in records(runs["diloco_warmup4_h3_adamw"], 0, "step")]
+    assert [r["loss"] for r in records(out, 0, "step")][6:] != pytest.approx(same_job_lr[6:], abs=1e-6)
 
 
 def test_dts_replicas_agree_once_every_correction_is_applied(runs):

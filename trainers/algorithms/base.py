@@ -114,6 +114,11 @@ class Algorithm(ABC):
     def train_step(self, step: int, batch: tuple) -> StepResult:
         """Run step ``step`` (0-based) on this rank's ``batch``; return the local loss."""
 
+    def peak_lr(self, step: int, lr: float) -> float:
+        """The peak learning rate the job's schedule scales at 0-based ``step``: the job's ``lr``
+        unless a phase of the algorithm has its own (DiLoCo's warm start, ``warmup_lr``)."""
+        return lr
+
     def set_lr(self, lr: float) -> None:
         """Set the learning rate of the local optimizer for the coming step."""
         self.lr = lr

@@ -34,7 +34,11 @@ the replica (its float buffers averaged first), and the rounds of H inner steps 
 the first outer step ends step ``warmup_steps + H - 1``. What carries over: the inner AdamW state
 (moments and step count) is kept, as DiLoCo keeps it across rounds; the outer optimizer starts
 fresh (no momentum) at the first round; the lr schedule is the job's, by global step (the paper
-warms the inner lr up again when DiLoCo begins; this does not). Differences from the paper: its
+warms the inner lr up again when DiLoCo begins; this does not). ``warmup_lr`` gives the warm-up
+its own peak lr under that schedule: set to the tuned `sync`'s lr (same seed, schedule and batch),
+the warm-up is that sync run's first ``warmup_steps`` steps, the paper's "pretrained by
+data-parallel training" checkpoint shared with the baseline, and DiLoCo's own (tuned) lr applies
+from the first round on. Differences from the paper: its
 pretraining is one model at one worker's batch size, ours the data-parallel average over all
 ranks (a k-times larger batch); and the paper's warm-up is a separate run, ours the same job.
 A rank that rejoins during the warm-up gets rank 0's replica and inner AdamW state, so the
@@ -56,7 +60,7 @@ from trainers.algorithms.diloco_common import (
 )
 from trainers.algorithms.hooks import ExchangeHook, allreduce_hook
 from trainers.algorithms.sync import GradientBucketer
-from trainers.config import require_choice, require_float, require_int
+from trainers.config import ConfigError, require_choice, require_float, require_int
 from trainers.snapshots import OutputState
 
 
@@ -70,7 +74,9 @@ class DiLoCoParams:
     are averaged, allgather (every payload to every rank, averaged in float32) or ring (the coded
     ring all-reduce: 2 (n-1)/n payloads a rank, re-encoded at every hop); warmup_steps: initial
     data-parallel steps (gradient all-reduce every step, as `sync`) before
-    the first round; bucket_cap_mb: bucket size of that warm-up all-reduce (MiB)."""
+    the first round; warmup_lr: the peak lr the job's schedule scales during those steps (None:
+    the job's lr), so the warm start can be the tuned data-parallel run's own first steps;
+    bucket_cap_mb: bucket size of that warm-up all-reduce (MiB)."""
 
     H: int = 50
     outer_lr: float = 0.7
@@ -80,11 +86,16 @@ class DiLoCoParams:
     outer_precision: OuterPrecision = "fp32"
     outer_reduce: Literal["allgather", "ring"] = "allgather"
     warmup_steps: int = 0
+    warmup_lr: Optional[float] = None
     bucket_cap_mb: float = 25.0
 
     def __post_init__(self) -> None:
         require_int("H", self.H, minimum=1)
         require_int("warmup_steps", self.warmup_steps, minimum=0)
+        if self.warmup_lr is not None:
+            require_float("warmup_lr", self.warmup_lr, minimum=0.0, min_exclusive=True)
+            if self.warmup_steps == 0:
+                raise ConfigError("warmup_lr", "is set but warmup_steps is 0 (there is no warm-up for it to apply to)")
         require_float("bucket_cap_mb", self.bucket_cap_mb, minimum=0.0, min_exclusive=True)
         require_choice("outer_precision", self.outer_precision, OUTER_PRECISIONS)
         check_outer_reduce(self.outer_reduce, self.outer_precision)
@@ -119,6 +130,12 @@ class DiLoCo(GlobalModelAlgorithm):
             self.bucketer = GradientBucketer(
                 self.model.parameters(), self.comm, int(params.bucket_cap_mb * 2**20), self.exchange_hook
             )
+
+    def peak_lr(self, step: int, lr: float) -> float:
+        """``warmup_lr`` during the warm-up's steps (when set), the job's lr after it."""
+        if self.params.warmup_lr is not None and step < self.params.warmup_steps:
+            return self.params.warmup_lr
+        return lr
 
     def train_step(self, step: int, batch: tuple) -> StepResult:
         if not self.state.warm:
