@@ -264,16 +264,20 @@ for title, frame in frames.items():
         "figure": '''\
 diloco = bench_script("bench_diloco_lm")
 tables = {}
-COMPANIONS = ("-controls", "-ring")  # run apart, drawn with their main run (same name before the suffix)
+# run apart, drawn with their folder's main run: the one their name starts with (the controls, run
+# at the main run's pick), else the folder's only main run (a later run against the same baseline)
+COMPANIONS = ("-controls", "-ring", "-shared")
+mains = [run for run in run_dirs
+         if not run.name.startswith("probe-") and not run.name.endswith(("-edge", *COMPANIONS))]
 companions_of = {}
 for run in run_dirs:
-    for suffix in COMPANIONS:
-        if run.name.endswith(suffix):
-            companions_of.setdefault((run.parent, run.name[: -len(suffix)]), []).append(run)
-for run_dir in run_dirs:
-    if run_dir.name.startswith("probe-") or run_dir.name.endswith(("-edge", *COMPANIONS)):
-        continue  # exploratory seed-0 runs and a grid-edge check; companions: with their main run
-    companions = companions_of.get((run_dir.parent, run_dir.name), [])
+    if run.name.endswith(COMPANIONS):
+        main_runs = [m for m in mains if m.parent == run.parent]
+        named = [m for m in main_runs if run.name.startswith(m.name + "-")]
+        if named or len(main_runs) == 1:
+            companions_of.setdefault((named or main_runs)[0], []).append(run)
+for run_dir in mains:   # exploratory seed-0 runs and grid-edge checks are not drawn
+    companions = companions_of.get(run_dir, [])
     rows = diloco.rows_of_runs([run_dir, *companions]) if companions else diloco.rows_of(run_dir)
     reported = rows[rows["phase"].fillna("reported") == "reported"] if "phase" in rows else rows
     show(diloco.figure(reported))

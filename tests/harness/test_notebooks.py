@@ -27,6 +27,9 @@ DEFAULTS = {
                                "results/papers/diloco-lm-b64/"], 3),
 }
 NAMES = list(DEFAULTS)
+# labels a notebook's tables must show from its default folders: runs made apart from a main run
+# (its controls, later variants against the same baseline) are drawn with it
+LABELS = {"diloco_loss_vs_tokens": ["localsgd-H50", "avgonce", "diloco-H50-int8-ring"]}
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -94,3 +97,5 @@ def test_notebook_runs_on_the_committed_evidence(name, monkeypatch):
     text = "".join(o.get("text", "") for o in outputs)
     assert "No run directories" not in text and "Nothing to draw" not in text
     assert all(Path(folder).name in text for folder in folders), text[:500]
+    shown = "".join(o.get("data", {}).get("text/plain", "") for o in outputs)
+    assert all(label in shown for label in LABELS.get(name, [])), shown[-1000:]
