@@ -1,7 +1,6 @@
 """The seed-paper notebooks: valid, outputs stripped, pointed at the committed evidence
-(results/papers/; SwarmSGD, not re-measured, at results/examples/), and executed end to end with
-nbclient: each on its own default folders, one against a synthetic results folder (passed through
-WANBENCH_RESULTS_DIR) and one against none."""
+(results/papers/), and executed end to end with nbclient: each on its own default folders, one
+against a synthetic results folder (passed through WANBENCH_RESULTS_DIR) and one against none."""
 
 from __future__ import annotations
 
@@ -20,7 +19,8 @@ ROOT = NOTEBOOKS.parent
 DEFAULTS = {
     "dts_speedup_vs_latency": (["results/papers/dts-90x/", "results/papers/dts-fmnist/", "results/papers/dts-lm/"], 5),
     "p3_throughput_vs_bandwidth": (["results/papers/p3/"], 1),
-    "swarmsgd_time_to_accuracy": (["results/examples/swarmsgd_time_to_accuracy/"], 2),
+    # SwarmSGD: one figure per run with a label of >= 3 seeds (main, -edge, -outstanding, -long), then bytes
+    "swarmsgd_time_to_accuracy": (["results/papers/swarmsgd-fmnist16/"], 5),
     "eawild_async_vs_sync": ([f"results/papers/eawild-sweep/{run}" for run in (
         "20261126-182918", "20261126-184521", "20261126-185917", "20261126-185842", "20261126-185844")], 2),
     "diloco_loss_vs_tokens": (["results/papers/diloco-lm/", "results/papers/diloco-lm-warm/",
@@ -29,7 +29,8 @@ DEFAULTS = {
 NAMES = list(DEFAULTS)
 # labels a notebook's tables must show from its default folders: runs made apart from a main run
 # (its controls, later variants against the same baseline) are drawn with it
-LABELS = {"diloco_loss_vs_tokens": ["localsgd-H50", "avgonce", "diloco-H50-int8-ring"]}
+LABELS = {"diloco_loss_vs_tokens": ["localsgd-H50", "avgonce", "diloco-H50-int8-ring"],
+          "swarmsgd_time_to_accuracy": ["swarmsgd-out16", "sync-lr0.025", "averages_per_node_median"]}
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -42,10 +43,7 @@ def test_notebook_is_valid_stripped_and_uses_emulator_plots(name):
     folders, _ = DEFAULTS[name]
     assert f'"{":".join(folders)}"' in code[0].source and "WANBENCH_RESULTS_DIR" in code[0].source
     assert all((ROOT / folder).is_dir() for folder in folders)
-    if name != "swarmsgd_time_to_accuracy":   # the one paper without committed evidence says so
-        assert all(folder.startswith("results/papers/") for folder in folders)
-    else:
-        assert "not re-measured" in nb.cells[0].source and "results/examples/" in nb.cells[0].source
+    assert all(folder.startswith("results/papers/") for folder in folders)
     source = "\n".join(cell.source for cell in code)
     assert "plots." in source and "import matplotlib.pyplot" not in source and ".plot(" not in source
 
