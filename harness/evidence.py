@@ -269,6 +269,6 @@ def _readme(manifest: dict) -> str:
 
 
 def evidence_size(papers_root: Path = PAPERS_ROOT) -> int:
-    """Bytes of every committed evidence file (the total is kept well under 5 MB)."""
+    """Bytes of every committed evidence file (tests/harness/test_papers.py caps the total)."""
     return sum(p.stat().st_size for p in Path(papers_root).rglob("*") if p.is_file())
 
