@@ -275,8 +275,8 @@ def figure(reported: pd.DataFrame, what: str = "DiLoCo in miniature"):
         panels=[("tokens_m", f"tokens seen, all {nodes} nodes (millions of bytes)"),
                 ("time_min", "virtual time (minutes; compute model 0.1 s a step)")],
         first_sync_step=first_syncs(reported), log_x=("time_min",),
-        title=f"{what}: {nodes} nodes on aws-4region, byte LM, equal tokens"
-              + (f", from {warm} data-parallel steps" if warm else "") + " (median of seeds, min-max band)")
+        title=f"{what}: {nodes} nodes on aws-4region, byte LM"
+              + (f", after {warm} data-parallel steps" if warm else "") + " (median of seeds, min-max)")
 
 
 def draw(reported: pd.DataFrame, path: Path, what: str = "DiLoCo in miniature") -> None:
