@@ -58,15 +58,17 @@ def test_diloco_outer_precision_is_checked_and_defaults_to_fp32():
         DiLoCoParams(outer_precision="fp8")
 
 
-def test_diloco_outer_reduce_is_checked_against_the_precision():
-    from trainers.algorithms.diloco import DiLoCoParams
+@pytest.mark.parametrize("name", ["diloco", "streaming_diloco"])
+def test_outer_reduce_is_checked_against_the_precision(name):
+    from trainers.algorithms import ALGORITHMS
 
-    assert DiLoCoParams().outer_reduce == "allgather"
-    assert DiLoCoParams(outer_precision="int8", outer_reduce="ring").outer_reduce == "ring"
+    Params = ALGORITHMS[name].Params
+    assert Params().outer_reduce == "allgather"
+    assert Params(outer_precision="int8", outer_reduce="ring").outer_reduce == "ring"
     with pytest.raises(ConfigError, match=r"^outer_reduce: ring is the coded ring of outer_precision bf16"):
-        DiLoCoParams(outer_reduce="ring")
+        Params(outer_reduce="ring")
     with pytest.raises(ConfigError, match=r"^outer_reduce: must be one of \('allgather', 'ring'\)"):
-        DiLoCoParams(outer_precision="int8", outer_reduce="tree")
+        Params(outer_precision="int8", outer_reduce="tree")
 
 
 def test_registered_and_checked_through_the_config():
@@ -179,6 +181,8 @@ RUNS = {
     # (c) bytes by precision
     **{f"bytes_{precision}": ["streaming_diloco", {"H": 4, "fragments": 2, "overlap": 1, "outer_precision": precision}, BYTES_STEPS]
        for precision in ("fp32", "bf16", "int8", "int4")},
+    "bytes_int8_ring": ["streaming_diloco", {"H": 4, "fragments": 2, "overlap": 1, "outer_precision": "int8",
+                                             "outer_reduce": "ring"}, BYTES_STEPS],
     "diloco_int8": ["diloco", {"H": 5, "outer_precision": "int8"}, 20],
     "diloco_int4": ["diloco", {"H": 5, "outer_precision": "int4"}, 20],
     "diloco_int8_ring": ["diloco", {"H": 5, "outer_precision": "int8", "outer_reduce": "ring"}, 20],
@@ -276,6 +280,11 @@ def test_each_fragment_crosses_once_per_H_steps_sized_by_the_precision(four_rank
     from trainers.compression import build_compressor
     ring = ring_coded_bytes(0, n, torch.empty(d), build_compressor("int8"))[0]
     assert results["diloco_int8_ring"]["bytes_sent"] == ([0] * 4 + [ring]) * 4
+    # Streaming DiLoCo's fragments over the coded ring: each launch the ring's bytes at the fragment's size
+    def ring_of(numel):
+        return ring_coded_bytes(0, n, torch.empty(numel), build_compressor("int8"))[0]
+    assert results["bytes_int8_ring"]["bytes_sent"] == [ring_of(launches[i]) if i in launches else 0
+                                                       for i in range(BYTES_STEPS)]
     assert ring / ((n - 1) * (4 * math.ceil(d / 512) + d)) == pytest.approx(2 * (n - 1) / n / (n - 1), rel=0.01)
 
 
@@ -284,7 +293,8 @@ def test_low_precision_outer_gradients_stay_close_to_fp32_and_agree_on_every_ran
     fp32 = torch.tensor(four_ranks[0]["diloco"]["global"])
     moved = (fp32 - torch.tensor(four_ranks[0]["streaming_as_diloco"]["global"])).abs().max().item()
     assert moved <= 1e-6
-    for label in ("diloco_int8", "diloco_int4", "diloco_int8_ring", "bytes_int8", "bytes_int4", "bytes_bf16"):
+    for label in ("diloco_int8", "diloco_int4", "diloco_int8_ring", "bytes_int8", "bytes_int4", "bytes_bf16",
+                  "bytes_int8_ring"):
         for rank in range(1, WORLD):
             assert four_ranks[rank][label]["global"] == four_ranks[0][label]["global"], (label, rank)
     gap8 = (torch.tensor(four_ranks[0]["diloco_int8"]["global"]) - fp32).abs().max().item()
@@ -294,6 +304,11 @@ def test_low_precision_outer_gradients_stay_close_to_fp32_and_agree_on_every_ran
     # all-gather's one rounding, nearer than int4's coarser code
     gap8_ring = (torch.tensor(four_ranks[0]["diloco_int8_ring"]["global"]) - fp32).abs().max().item()
     assert gap8 <= gap8_ring < gap4, (gap8, gap8_ring, gap4)
+    # the same for Streaming DiLoCo's fragments: the coded ring stays nearer its fp32 run than int4's all-gather
+    streaming_fp32 = torch.tensor(four_ranks[0]["bytes_fp32"]["global"])
+    gaps = {label: (torch.tensor(four_ranks[0][label]["global"]) - streaming_fp32).abs().max().item()
+            for label in ("bytes_int8", "bytes_int8_ring", "bytes_int4")}
+    assert 0 < gaps["bytes_int8_ring"] < gaps["bytes_int4"], gaps
 
 
 @pytest.mark.slow

@@ -11,7 +11,8 @@ steps run while it is in flight:
 
 * launch (after step s - tau): delta_p = theta_global_p - theta_local_p, averaged over the ranks
   asynchronously (diloco_common.launch_average: fp32 all-reduce, or bf16/int8/int4 payloads
-  all-gathered and averaged in float32, ``outer_precision``);
+  all-gathered and averaged in float32, ``outer_precision``, or with ``outer_reduce: ring`` the
+  coded ring all-reduce, every message encoded, as diloco's);
 * apply (after step s): wait; the fragment's outer Nesterov SGD steps theta_global_p with the
   mean delta; the replica's fragment merges: theta_local_p <- alpha theta_local_p +
   (1 - alpha) theta_global_p, keeping part of the tau steps it took meanwhile (torchft's
@@ -36,7 +37,8 @@ What is the paper's and torchft's, and what is this file's own:
 * Outer-gradient precision: the paper sends outer gradients as 4-bit floats and accumulates
   in float32; torchft's ``should_quantize`` quantizes the all-reduce. Here: a
   uniform per-chunk grid (int8, int4; trainers/compression.py) or bf16, all-gathered, averaged
-  in float32. Not the paper's float format.
+  in float32, or (``outer_reduce: ring``) summed along the coded ring all-reduce, each hop's
+  partial sum re-encoded, closer to torchft's quantized all-reduce. Not the paper's float format.
 * BatchNorm-style float buffers are averaged (blocking, float32) whenever the last fragment is
   applied, as DiLoCo does at its outer step; the paper and torchft leave buffers alone.
 * ``finish()`` waits for syncs still in flight after the last step and applies them.
@@ -48,14 +50,15 @@ With F = 1, tau = 0, alpha = 0 this is DiLoCo step for step (tests/trainers/test
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from torch import nn
 
 from trainers.algorithms.base import AlgorithmContext, StepResult
 from trainers.algorithms.diloco_common import (
-    OUTER_PRECISIONS, GlobalModelAlgorithm, OuterPrecision, check_outer_sgd, float_buffers, launch_average,
-    outer_compressor, outer_step, pseudo_gradient,
+    OUTER_PRECISIONS, GlobalModelAlgorithm, OuterPrecision, check_outer_reduce, check_outer_sgd, float_buffers,
+    launch_average, outer_compressor, outer_step, pseudo_gradient,
 )
 from trainers.comm import Work
 from trainers.config import ConfigError, require_choice, require_float, require_int
@@ -68,7 +71,9 @@ class StreamingDiLoCoParams:
     fragment's launch and its application (0: blocking; at most H - 1); alpha: merge factor,
     local <- alpha local + (1 - alpha) global (0: take the global fragment); outer_lr,
     outer_momentum, nesterov: the outer SGD, as diloco; outer_precision: fp32 (all-reduced) or
-    bf16 | int8 | int4 (encoded, all-gathered, averaged in float32)."""
+    bf16 | int8 | int4 (encoded); outer_reduce: how encoded fragments are averaged, allgather
+    (every payload to every rank, averaged in float32) or ring (the coded ring all-reduce,
+    2 (n-1)/n payloads a rank, re-encoded at every hop), as diloco's."""
 
     H: int = 50
     fragments: int = 2
@@ -78,6 +83,7 @@ class StreamingDiLoCoParams:
     outer_momentum: float = 0.9
     nesterov: bool = True
     outer_precision: OuterPrecision = "fp32"
+    outer_reduce: Literal["allgather", "ring"] = "allgather"
 
     def __post_init__(self) -> None:
         require_int("H", self.H, minimum=1)
@@ -87,6 +93,7 @@ class StreamingDiLoCoParams:
         require_int("overlap", self.overlap, minimum=0, maximum=self.H - 1)
         require_float("alpha", self.alpha, minimum=0.0, maximum=1.0)
         require_choice("outer_precision", self.outer_precision, OUTER_PRECISIONS)
+        check_outer_reduce(self.outer_reduce, self.outer_precision)
         check_outer_sgd(self.outer_lr, self.outer_momentum, self.nesterov)
 
 
@@ -174,7 +181,7 @@ class StreamingDiLoCo(GlobalModelAlgorithm):
         global_params = self.fragment_params(self.global_model, fragment)
         local_params = self.fragment_params(self.model, fragment)
         delta = pseudo_gradient(global_params, local_params)
-        work = launch_average(self.comm, delta, self.outer_code)
+        work = launch_average(self.comm, delta, self.outer_code, outer_reduce=self.params.outer_reduce)
         self.in_flight[fragment] = _InFlight(work, delta, self.state.inner_steps + self.params.overlap)
 
     def _apply(self, fragment: int) -> None:
