@@ -1,11 +1,14 @@
-"""DiLoCo's warm start (``warmup_steps``) in one process: params and the rejoin arithmetic. The
-multi-rank references (warm-up = `sync`, first outer step H steps later) are in test_equivalence.py."""
+"""The DiLoCo family's warm start (``warmup_steps``; `diloco` and `streaming_diloco`) in one
+process: params, the warm-up's lr and model, and diloco's rejoin arithmetic. The multi-rank
+references (warm-up = `sync`, first outer step H steps later) are in test_equivalence.py, and
+streaming's against diloco's in test_streaming_diloco.py."""
 
 import pytest
 import torch
 
 from trainers.algorithms import AlgorithmContext
 from trainers.algorithms.diloco import DiLoCo, DiLoCoParams, DiLoCoState
+from trainers.algorithms.streaming_diloco import StreamingDiLoCo, StreamingDiLoCoParams
 from trainers.config import ConfigError, OptimizerConfig
 
 
@@ -13,11 +16,17 @@ class OneRank:
     rank, world_size = 0, 1
 
 
-def _diloco(**params) -> DiLoCo:
+FAMILY = {"diloco": (DiLoCo, DiLoCoParams), "streaming_diloco": (StreamingDiLoCo, StreamingDiLoCoParams)}
+
+
+def _diloco(name: str = "diloco", **params) -> DiLoCo | StreamingDiLoCo:
     torch.manual_seed(0)
     ctx = AlgorithmContext(model=torch.nn.Linear(3, 2), comm=OneRank(), loss_fn=None, optimizer=OptimizerConfig(),
                            lr=0.1, device=torch.device("cpu"))
-    algorithm = DiLoCo(DiLoCoParams(**params), ctx)
+    cls, params_cls = FAMILY[name]
+    if name == "streaming_diloco":
+        params.setdefault("fragments", 1)  # a fragment count that divides any H
+    algorithm = cls(params_cls(**params), ctx)
     algorithm.rejoining = True  # setup() without the start broadcast (one rank, no comm)
     algorithm.setup()
     return algorithm
@@ -27,9 +36,10 @@ def _diloco(**params) -> DiLoCo:
                                             ({"bucket_cap_mb": 0}, "bucket_cap_mb"),
                                             ({"warmup_steps": 4, "warmup_lr": 0}, "warmup_lr"),
                                             ({"warmup_lr": 0.02}, "warmup_lr")])
-def test_bad_warmup_params_name_the_field(changes, field):
+@pytest.mark.parametrize("name", FAMILY)
+def test_bad_warmup_params_name_the_field(changes, field, name):
     with pytest.raises(ConfigError, match=rf"^{field}: "):
-        DiLoCoParams(**changes)
+        FAMILY[name][1](**changes)
 
 
 @pytest.mark.parametrize("warmup_steps, step, expected", [
@@ -67,6 +77,22 @@ def test_a_rank_rejoining_in_the_warmup_gets_the_replica_and_the_inner_adamw_sta
 
 
 @pytest.mark.parametrize("warmup_lr, expected", [(None, [0.1] * 8), (0.02, [0.02] * 6 + [0.1] * 2)])
-def test_warmup_lr_is_the_peak_lr_of_the_warmups_steps_only(warmup_lr, expected):
-    algorithm = _diloco(H=5, warmup_steps=6, warmup_lr=warmup_lr)
+@pytest.mark.parametrize("name", FAMILY)
+def test_warmup_lr_is_the_peak_lr_of_the_warmups_steps_only(warmup_lr, expected, name):
+    algorithm = _diloco(name, H=5, warmup_steps=6, warmup_lr=warmup_lr)
     assert [algorithm.peak_lr(step, 0.1) for step in range(8)] == expected
+
+
+@pytest.mark.parametrize("name", FAMILY)
+def test_the_warmup_deploys_the_replica_and_its_end_hands_it_to_theta_g(name):
+    algorithm = _diloco(name, H=5, warmup_steps=6)
+    assert algorithm.bucketer is not None and algorithm.deployable_model() is algorithm.model
+    with torch.no_grad():  # the replica has moved from theta_g (the start), as after warm-up steps
+        for param in algorithm.model.parameters():
+            param.add_(1.0)
+    algorithm.bucketer.wait_and_apply = lambda: None  # one rank, no comm: only the hand-over is checked here
+    algorithm.end_warmup()
+    assert algorithm.bucketer is None and algorithm.deployable_model() is algorithm.global_model
+    for ours, theirs in zip(algorithm.global_model.parameters(), algorithm.model.parameters()):
+        assert torch.equal(ours, theirs)
+    assert algorithm.state.warm and algorithm.state.inner_steps == 0

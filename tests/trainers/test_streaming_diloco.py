@@ -175,6 +175,12 @@ RUNS = {
     # (a) reduces to DiLoCo
     "diloco": ["diloco", {"H": 5}, 20],
     "streaming_as_diloco": ["streaming_diloco", {"H": 5, "fragments": 1, "overlap": 0, "alpha": 0.0}, 20],
+    # ... with the same data-parallel warm start (6 steps, then rounds of 5; train_on_digits keeps
+    # one lr, so warmup_lr is checked in test_diloco_warmup.py, not here)
+    "diloco_warm": ["diloco", {"H": 5, "warmup_steps": 6}, 20],
+    "streaming_as_diloco_warm": ["streaming_diloco", {"H": 5, "fragments": 1, "overlap": 0, "alpha": 0.0,
+                                                      "warmup_steps": 6}, 20],
+    "f2_t1_warm": ["streaming_diloco", {"H": 4, "fragments": 2, "overlap": 1, "alpha": 0.5, "warmup_steps": 5}, 13],
     # (b) against the reference; 13 steps leaves a sync in flight for finish()
     "f2_t1": ["streaming_diloco", {"H": 4, "fragments": 2, "overlap": 1, "alpha": 0.5}, 13],
     "f2_t3": ["streaming_diloco", {"H": 4, "fragments": 2, "overlap": 3, "alpha": 0.25}, 13],
@@ -230,6 +236,25 @@ def test_one_fragment_no_overlap_no_merge_is_diloco(four_ranks):
         assert streaming["bytes_sent"] == diloco["bytes_sent"]
     # and the run moved: the global model is not where it started
     assert four_ranks[0]["diloco"]["global"] != four_ranks[0]["f2_t1"]["global"]
+
+
+@pytest.mark.slow
+def test_the_warm_start_is_diloco_s_and_the_fragments_count_from_its_end(four_ranks):
+    for rank in range(WORLD):
+        diloco, streaming = four_ranks[rank]["diloco_warm"], four_ranks[rank]["streaming_as_diloco_warm"]
+        for key in ("params", "global"):
+            difference = (torch.tensor(diloco[key]) - torch.tensor(streaming[key])).abs().max().item()
+            assert difference <= 1e-6, (rank, key, difference)
+        # 6 warm-up steps (a gradient average each), then outer steps after steps 10 and 15
+        assert streaming["syncs_applied"] == diloco["syncs_applied"] == 6 + 2
+        assert streaming["bytes_sent"] == diloco["bytes_sent"]
+        assert four_ranks[rank]["diloco_warm"]["global"] != four_ranks[rank]["diloco"]["global"]
+    # H 4, F 2, tau 1 after a 5-step warm-up: fragments applied after inner steps 2, 4, 6, 8 (steps
+    # 6, 8, 10, 12); before any of them every rank holds the same replica, after them only theta_g agrees
+    warm = [four_ranks[rank]["f2_t1_warm"] for rank in range(WORLD)]
+    assert [r["syncs_applied"] for r in warm] == [5 + 4] * WORLD
+    assert all(r["global"] == warm[0]["global"] for r in warm)
+    assert warm[1]["params"] != warm[0]["params"]
 
 
 @pytest.mark.slow

@@ -54,13 +54,10 @@ from torch import nn
 
 from trainers.algorithms.base import AlgorithmContext, StepResult
 from trainers.algorithms.diloco_common import (
-    OUTER_PRECISIONS, GlobalModelAlgorithm, OuterPrecision, check_outer_reduce, check_outer_sgd, float_buffers,
-    launch_average,
-    outer_compressor, outer_step, pseudo_gradient,
+    OUTER_PRECISIONS, GlobalModelAlgorithm, OuterPrecision, check_outer_reduce, check_outer_sgd, check_warmup,
+    float_buffers, launch_average, outer_compressor, outer_step, pseudo_gradient,
 )
-from trainers.algorithms.hooks import ExchangeHook, allreduce_hook
-from trainers.algorithms.sync import GradientBucketer
-from trainers.config import ConfigError, require_choice, require_float, require_int
+from trainers.config import require_choice, require_int
 from trainers.snapshots import OutputState
 
 
@@ -91,12 +88,7 @@ class DiLoCoParams:
 
     def __post_init__(self) -> None:
         require_int("H", self.H, minimum=1)
-        require_int("warmup_steps", self.warmup_steps, minimum=0)
-        if self.warmup_lr is not None:
-            require_float("warmup_lr", self.warmup_lr, minimum=0.0, min_exclusive=True)
-            if self.warmup_steps == 0:
-                raise ConfigError("warmup_lr", "is set but warmup_steps is 0 (there is no warm-up for it to apply to)")
-        require_float("bucket_cap_mb", self.bucket_cap_mb, minimum=0.0, min_exclusive=True)
+        check_warmup(self.warmup_steps, self.warmup_lr, self.bucket_cap_mb)
         require_choice("outer_precision", self.outer_precision, OUTER_PRECISIONS)
         check_outer_reduce(self.outer_reduce, self.outer_precision)
         check_outer_sgd(self.outer_lr, self.outer_momentum, self.nesterov)
@@ -119,27 +111,15 @@ class DiLoCo(GlobalModelAlgorithm):
     name = "diloco"
     Params = DiLoCoParams
     tolerates_crash = True
-    exchange_hook: ExchangeHook = staticmethod(allreduce_hook)
 
     def __init__(self, params: DiLoCoParams, ctx: AlgorithmContext):
         super().__init__(params, ctx)
         self.state = DiLoCoState(warm=params.warmup_steps == 0)
         self.outer_code = outer_compressor(params.outer_precision)
-        self.bucketer: Optional[GradientBucketer] = None
-        if params.warmup_steps > 0:
-            self.bucketer = GradientBucketer(
-                self.model.parameters(), self.comm, int(params.bucket_cap_mb * 2**20), self.exchange_hook
-            )
-
-    def peak_lr(self, step: int, lr: float) -> float:
-        """``warmup_lr`` during the warm-up's steps (when set), the job's lr after it."""
-        if self.params.warmup_lr is not None and step < self.params.warmup_steps:
-            return self.params.warmup_lr
-        return lr
 
     def train_step(self, step: int, batch: tuple) -> StepResult:
         if not self.state.warm:
-            return self._warmup_step(step, batch)
+            return self.warmup_step(step, batch)
         loss = self.forward_backward(batch)
         self.optimizer.step()
         self.state.inner_steps += 1
@@ -147,25 +127,8 @@ class DiLoCo(GlobalModelAlgorithm):
             self._outer_step()
         return StepResult(loss=loss)
 
-    def _warmup_step(self, step: int, batch: tuple) -> StepResult:
-        """One data-parallel step (as `sync`); the last one hands the replica to theta_g."""
-        loss = self.forward_backward(batch)
-        self.bucketer.wait_and_apply()
-        self.note_sync()
-        self.optimizer.step()
-        if step + 1 >= self.params.warmup_steps:
-            self._end_warmup()
-        return StepResult(loss=loss)
-
-    def _end_warmup(self) -> None:
-        """theta_g <- the replica (identical on every rank; float buffers averaged first); the
-        warm-up's hooks go, the inner AdamW state stays, the outer SGD has not stepped yet."""
-        self.bucketer.remove_hooks()
-        self.bucketer = None
-        buffers = float_buffers(self.model)
-        if buffers:
-            self.average_tensors(buffers, self.params.collective)
-        self.global_model.load_state_dict(self.model.state_dict())
+    def end_warmup(self) -> None:
+        super().end_warmup()
         self.state = DiLoCoState()
 
     def _outer_step(self) -> None:

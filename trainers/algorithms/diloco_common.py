@@ -35,10 +35,12 @@ from typing import Any, Literal, Optional
 import torch
 from torch import nn
 
-from trainers.algorithms.base import Algorithm, AlgorithmContext, flatten, unflatten_into
+from trainers.algorithms.base import Algorithm, AlgorithmContext, StepResult, flatten, unflatten_into
+from trainers.algorithms.hooks import ExchangeHook, allreduce_hook
+from trainers.algorithms.sync import GradientBucketer
 from trainers.comm import Comm, Work
 from trainers.compression import Compressor, build_compressor
-from trainers.config import ConfigError, require_float
+from trainers.config import ConfigError, require_float, require_int
 from trainers.snapshots import OutputState
 
 OuterPrecision = Literal["fp32", "bf16", "int8", "int4"]
@@ -115,6 +117,16 @@ def check_outer_sgd(outer_lr: float, outer_momentum: float, nesterov: bool) -> N
         raise ConfigError("nesterov", "needs outer_momentum > 0")
 
 
+def check_warmup(warmup_steps: int, warmup_lr: Optional[float], bucket_cap_mb: float) -> None:
+    """Check a Params dataclass's warm start (raises ConfigError naming the field)."""
+    require_int("warmup_steps", warmup_steps, minimum=0)
+    if warmup_lr is not None:
+        require_float("warmup_lr", warmup_lr, minimum=0.0, min_exclusive=True)
+        if warmup_steps == 0:
+            raise ConfigError("warmup_lr", "is set but warmup_steps is 0 (there is no warm-up for it to apply to)")
+    require_float("bucket_cap_mb", bucket_cap_mb, minimum=0.0, min_exclusive=True)
+
+
 def pseudo_gradient(global_params: list[torch.nn.Parameter], local_params: list[torch.nn.Parameter]) -> torch.Tensor:
     """theta_g - theta_local, flat (a new buffer): points away from where local training went, so
     an outer SGD step with it as the gradient moves theta_g towards the replica."""
@@ -133,13 +145,56 @@ class GlobalModelAlgorithm(Algorithm):
 
     A subclass sets ``outer_groups`` to give index runs of the parameters their own outer SGD
     (`streaming_diloco`'s fragments); by default one SGD takes all of theta_g.
+
+    Warm start, for a subclass whose params have ``warmup_steps`` (> 0), ``warmup_lr`` and
+    ``bucket_cap_mb`` (`diloco`, `streaming_diloco`; see diloco.py's docstring): its train_step
+    calls ``warmup_step`` for the first ``warmup_steps`` steps, data-parallel as `sync` (the
+    gradient all-reduced in buckets during backward, the inner AdamW stepping on the average, so
+    the replicas stay identical), ``peak_lr`` gives those steps ``warmup_lr``, and the last one
+    calls ``end_warmup``: theta_g <- the replica, the hooks go, the inner AdamW state stays.
+    ``bucketer`` is not None exactly while the warm-up lasts.
     """
+
+    exchange_hook: ExchangeHook = staticmethod(allreduce_hook)
 
     def __init__(self, params: Any, ctx: AlgorithmContext):
         super().__init__(params, ctx)
         self.optimizer = inner_adamw(self.model, ctx)  # AdamW whatever optimizer.name says
         self.global_model: nn.Module | None = None
         self.outer_optimizers: list[torch.optim.Optimizer] = []
+        self.bucketer: Optional[GradientBucketer] = None
+        if getattr(params, "warmup_steps", 0) > 0:
+            self.bucketer = GradientBucketer(
+                self.model.parameters(), self.comm, int(params.bucket_cap_mb * 2**20), self.exchange_hook
+            )
+
+    def peak_lr(self, step: int, lr: float) -> float:
+        """``warmup_lr`` during the warm-up's steps (when set), the job's lr after it."""
+        warmup_lr = getattr(self.params, "warmup_lr", None)
+        if warmup_lr is not None and step < self.params.warmup_steps:
+            return warmup_lr
+        return lr
+
+    def warmup_step(self, step: int, batch: tuple) -> StepResult:
+        """One data-parallel step (as `sync`); the warm-up's last one calls ``end_warmup``."""
+        loss = self.forward_backward(batch)
+        self.bucketer.wait_and_apply()
+        self.note_sync()
+        self.optimizer.step()
+        if step + 1 >= self.params.warmup_steps:
+            self.end_warmup()
+        return StepResult(loss=loss)
+
+    def end_warmup(self) -> None:
+        """theta_g <- the replica (identical on every rank; float buffers averaged first); the
+        warm-up's hooks go, the inner AdamW state stays, the outer SGD has not stepped yet. A
+        subclass resets its round counters after calling this."""
+        self.bucketer.remove_hooks()
+        self.bucketer = None
+        buffers = float_buffers(self.model)
+        if buffers:
+            self.average_tensors(buffers, getattr(self.params, "collective", "allreduce"))
+        self.global_model.load_state_dict(self.model.state_dict())
 
     def outer_groups(self) -> list[range]:
         """Index runs of the parameters (in module order), each stepped by its own outer SGD."""

@@ -41,6 +41,11 @@ What is the paper's and torchft's, and what is this file's own:
   partial sum re-encoded, closer to torchft's quantized all-reduce. Not the paper's float format.
 * BatchNorm-style float buffers are averaged (blocking, float32) whenever the last fragment is
   applied, as DiLoCo does at its outer step; the paper and torchft leave buffers alone.
+* Warm start (``warmup_steps``, ``warmup_lr``, ``bucket_cap_mb``): diloco's, from their base
+  class: the first ``warmup_steps`` steps are data-parallel (as `sync`), theta_g is the replica
+  at their end, and the fragments' schedule counts inner steps from there (the first fragment
+  is applied ``warmup_steps + H/F`` steps in). Neither the paper nor torchft has one; the DiLoCo
+  paper's runs start from a pretrained checkpoint, which this stands for.
 * ``finish()`` waits for syncs still in flight after the last step and applies them.
 * Not crash tolerant (diloco is): a rank lost mid-flight would leave fragments half applied.
 
@@ -50,18 +55,19 @@ With F = 1, tau = 0, alpha = 0 this is DiLoCo step for step (tests/trainers/test
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Optional
 
 import torch
 from torch import nn
 
 from trainers.algorithms.base import AlgorithmContext, StepResult
 from trainers.algorithms.diloco_common import (
-    OUTER_PRECISIONS, GlobalModelAlgorithm, OuterPrecision, check_outer_reduce, check_outer_sgd, float_buffers,
-    launch_average, outer_compressor, outer_step, pseudo_gradient,
+    OUTER_PRECISIONS, GlobalModelAlgorithm, OuterPrecision, check_outer_reduce, check_outer_sgd, check_warmup,
+    float_buffers, launch_average, outer_compressor, outer_step, pseudo_gradient,
 )
 from trainers.comm import Work
 from trainers.config import ConfigError, require_choice, require_float, require_int
+from trainers.snapshots import OutputState
 
 
 @dataclass
@@ -73,7 +79,8 @@ class StreamingDiLoCoParams:
     outer_momentum, nesterov: the outer SGD, as diloco; outer_precision: fp32 (all-reduced) or
     bf16 | int8 | int4 (encoded); outer_reduce: how encoded fragments are averaged, allgather
     (every payload to every rank, averaged in float32) or ring (the coded ring all-reduce,
-    2 (n-1)/n payloads a rank, re-encoded at every hop), as diloco's."""
+    2 (n-1)/n payloads a rank, re-encoded at every hop), as diloco's; warmup_steps, warmup_lr,
+    bucket_cap_mb: the data-parallel warm start, as diloco's."""
 
     H: int = 50
     fragments: int = 2
@@ -84,6 +91,9 @@ class StreamingDiLoCoParams:
     nesterov: bool = True
     outer_precision: OuterPrecision = "fp32"
     outer_reduce: Literal["allgather", "ring"] = "allgather"
+    warmup_steps: int = 0
+    warmup_lr: Optional[float] = None
+    bucket_cap_mb: float = 25.0
 
     def __post_init__(self) -> None:
         require_int("H", self.H, minimum=1)
@@ -95,6 +105,7 @@ class StreamingDiLoCoParams:
         require_choice("outer_precision", self.outer_precision, OUTER_PRECISIONS)
         check_outer_reduce(self.outer_reduce, self.outer_precision)
         check_outer_sgd(self.outer_lr, self.outer_momentum, self.nesterov)
+        check_warmup(self.warmup_steps, self.warmup_lr, self.bucket_cap_mb)
 
 
 def split_fragments(sizes: list[int], count: int) -> list[range]:
@@ -130,10 +141,12 @@ class _InFlight:
 
 @dataclass
 class StreamingDiLoCoState:
-    """inner_steps: inner steps taken; syncs: syncs applied per fragment."""
+    """inner_steps: inner steps taken since the warm-up (if any); syncs: syncs applied per
+    fragment; warm: the warm-up is over (always True without one)."""
 
     inner_steps: int = 0
     syncs: list[int] = field(default_factory=list)
+    warm: bool = True
 
 
 class StreamingDiLoCo(GlobalModelAlgorithm):
@@ -146,7 +159,7 @@ class StreamingDiLoCo(GlobalModelAlgorithm):
         super().__init__(params, ctx)
         local = list(self.model.parameters())
         self.fragment_ranges = split_fragments([p.numel() for p in local], params.fragments)
-        self.state = StreamingDiLoCoState(syncs=[0] * params.fragments)
+        self.state = StreamingDiLoCoState(syncs=[0] * params.fragments, warm=params.warmup_steps == 0)
         self.outer_code = outer_compressor(params.outer_precision)
         self.in_flight: dict[int, _InFlight] = {}
         period = params.H // params.fragments
@@ -163,6 +176,8 @@ class StreamingDiLoCo(GlobalModelAlgorithm):
         return [params[i] for i in self.fragment_ranges[fragment]]
 
     def train_step(self, step: int, batch: tuple) -> StepResult:
+        if not self.state.warm:
+            return self.warmup_step(step, batch)
         loss = self.forward_backward(batch)
         self.optimizer.step()
         self.state.inner_steps += 1
@@ -175,6 +190,17 @@ class StreamingDiLoCo(GlobalModelAlgorithm):
             if self.in_flight[fragment].apply_after == done:
                 self._apply(fragment)
         return StepResult(loss=loss)
+
+    def end_warmup(self) -> None:
+        super().end_warmup()
+        self.state = StreamingDiLoCoState(syncs=[0] * self.params.fragments)
+
+    def deployable_model(self) -> nn.Module:
+        """theta_g; during the warm-up the replica (identical on every rank), theta_g's start."""
+        return self.global_model if self.state.warm else self.model
+
+    def output_state(self) -> Optional[OutputState]:
+        return OutputState("global", self.deployable_model().state_dict()) if self.comm.rank == 0 else None
 
     def _launch(self, fragment: int) -> None:
         assert fragment not in self.in_flight, "a fragment is launched again before it was applied"
