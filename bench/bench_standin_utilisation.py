@@ -22,6 +22,9 @@ Methods (`--methods`, comma-separated):
   diloco-int8/-int4   the same, int8/int4 payloads all-gathered (trainers/compression.py)
   streaming       Streaming DiLoCo (H, F fragments, overlap tau), fp32 fragments all-reduced
   streaming-int4  the same, int4 payloads all-gathered (the paper's "overlapped FP4 com.")
+  <any of those but sync and fp32>-ring   the payloads over the coded ring all-reduce instead
+                  (outer_reduce: ring: 2 (n-1)/n payloads a node, re-encoded at each hop, one
+                  link a node, 2 (n-1) latency-bound steps; INTELLECT-1's int8 ring)
 F: `--fragments`, default the paper's "3 layers per fragment" (its Table 4 layer counts 24 / 48 /
 108 for 1B / 10B / 100B) rounded to the nearest divisor of H (the trainer needs F | H): 10, 20, 25.
 Streaming rows train an MLP of F - 1 hidden layers of 64 (2F tensors: F fragments within 10 % of
@@ -75,7 +78,8 @@ NIC_RATE_BIT_S = 100e9
 WORKLOAD = {"model": {"name": "mlp", "params": {"hidden_sizes": [64]}}, "dataset": {"name": "digits"},
             "batch_size": 32, "lr": 0.05, "optimizer": {"name": "sgd", "momentum": 0.9}, "eval_every": 10_000}
 DEFAULT_OUT = REPO / "results" / "bench" / "standin_utilisation.csv"
-METHODS = ("sync", "diloco", "diloco-int8", "diloco-int4", "streaming", "streaming-int4")
+METHODS = ("sync", "diloco", "diloco-int8", "diloco-int4", "streaming", "streaming-int4",
+           "diloco-int8-ring", "diloco-int4-ring", "streaming-int8-ring", "streaming-int4-ring")
 
 # Douillard et al. 2025, "Streaming DiLoCo with overlapping communication", arXiv 2501.18512,
 # Table 4 (appendix, "Simulation"): layers and step time (pure compute, Kaplan flops at 60 % MFU) per
@@ -169,16 +173,19 @@ def algorithm_for(method: str, H: int, fragments: int, overlap: int) -> tuple[st
     """(label, trainer algorithm, model override or None) of a method."""
     if method == "sync":
         return "sync", {"name": "sync"}, None
-    if method.startswith("diloco"):
-        precision = method.partition("-")[2] or "fp32"
-        label = f"diloco-H{H}" + ("" if precision == "fp32" else f"-{precision}")
-        return label, {"name": "diloco", "params": {"H": H, "outer_precision": precision}}, None
-    if method.startswith("streaming"):
-        precision = method.partition("-")[2] or "fp32"
-        label = f"streaming-H{H}-F{fragments}-tau{overlap}" + ("" if precision == "fp32" else f"-{precision}")
-        params = {"H": H, "fragments": fragments, "overlap": overlap, "outer_precision": precision}
+    if method not in METHODS:
+        raise SystemExit(f"--methods: unknown method {method!r}; known: {', '.join(METHODS)}")
+    family, _, rest = method.partition("-")
+    precision, _, reduce = rest.partition("-")
+    precision = precision or "fp32"
+    suffix = ("" if precision == "fp32" else f"-{precision}") + ("-ring" if reduce else "")
+    params = {"H": H, "outer_precision": precision, **({"outer_reduce": "ring"} if reduce else {})}
+    if family == "diloco":
+        return f"diloco-H{H}{suffix}", {"name": "diloco", "params": params}, None
+    if family == "streaming":
+        params.update(fragments=fragments, overlap=overlap)
         model = {"name": "mlp", "params": {"hidden_sizes": [64] * (fragments - 1)}}
-        return label, {"name": "streaming_diloco", "params": params}, model
+        return f"streaming-H{H}-F{fragments}-tau{overlap}{suffix}", {"name": "streaming_diloco", "params": params}, model
     raise SystemExit(f"--methods: unknown method {method!r}; known: {', '.join(METHODS)}")
 
 

@@ -12,7 +12,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 from bench_standin_utilisation import (  # noqa: E402
-    TOPOLOGY, bandwidth_for_utilisation, fragments_for, log_grid, network_topology,
+    TOPOLOGY, algorithm_for, bandwidth_for_utilisation, fragments_for, log_grid, network_topology,
 )
 
 
@@ -83,3 +83,24 @@ def test_no_slow_start_after_idle_reaches_the_plan():
     assert make_plan(network_topology(TOPOLOGY, 2, None, 1e9, uniform=True)).slow_start_after_idle()
     assert not make_plan(network_topology(TOPOLOGY, 2, None, 1e9, uniform=True,
                                           slow_start_after_idle=False)).slow_start_after_idle()
+
+
+@pytest.mark.parametrize("method, label, params", [
+    ("diloco", "diloco-H100", {"H": 100, "outer_precision": "fp32"}),
+    ("diloco-int4", "diloco-H100-int4", {"H": 100, "outer_precision": "int4"}),
+    ("diloco-int4-ring", "diloco-H100-int4-ring", {"H": 100, "outer_precision": "int4", "outer_reduce": "ring"}),
+    ("streaming-int4-ring", "streaming-H100-F20-tau1-int4-ring",
+     {"H": 100, "outer_precision": "int4", "outer_reduce": "ring", "fragments": 20, "overlap": 1}),
+])
+def test_methods_name_their_precision_and_reduce_and_are_valid_trainer_params(method, label, params):
+    from trainers.algorithms import get_algorithm
+    from trainers.config import from_dict
+
+    got_label, algorithm, _ = algorithm_for(method, 100, 20, 1)
+    assert (got_label, algorithm["params"]) == (label, params)
+    from_dict(get_algorithm(algorithm["name"]).Params, algorithm["params"], "algorithm.params")
+
+
+def test_an_unknown_method_is_refused_by_name():
+    with pytest.raises(SystemExit, match="unknown method 'diloco-fp8'"):
+        algorithm_for("diloco-fp8", 100, 20, 1)
