@@ -24,6 +24,8 @@ import statistics
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 COLUMNS = ("run", "label", "seed", "final_accuracy", "time_to_target_s", "steps_per_s", "bytes_sent_per_node",
            "first_sync_step", "averages_per_node_median", "averages_per_node_min", "averages_per_node_max",
            "reply_staleness_median")
@@ -67,39 +69,31 @@ def rows_of(run_dir: Path) -> list[dict]:
 
 def draw(run_dir: Path, path: Path, labels=("sync", "local_sgd-H4", "local_sgd-H16-ring", "swarmsgd", "local_only"),
          target: float = 0.85) -> None:
-    """Accuracy vs step and vs virtual time, per label over its seeds >= 1 (median, min-max band)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
+    """Accuracy vs step and vs virtual time, per label over its reported seeds (median, min-max
+    band, each label's first synchronisation dotted): harness.plots.curves_with_seed_band, the
+    figure the SwarmSGD notebook draws, from the run's eval.jsonl and summary."""
+    from harness import plots
+    from harness.report import load_folder
 
-    fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for label in labels:
-        curves = []
-        for job in sorted((run_dir / "jobs").glob(f"*-{label}-seed*")):
-            if job.name.rsplit("-seed", 1)[0].split("-", 1)[1] != label or job.name.endswith("seed0"):
-                continue
-            evals = [json.loads(line) for line in (job / "eval.jsonl").read_text().splitlines()]
-            curves.append([(e["step"] + 1, e["time_s"], e["accuracy"]) for e in evals])
-        if not curves:
-            continue
-        length = min(len(c) for c in curves)
-        data = np.array([c[:length] for c in curves])  # seeds x evals x (step, time, accuracy)
-        accuracy = data[:, :, 2]
-        for axis, x in ((by_step, data[0, :, 0]), (by_time, np.median(data[:, :, 1], axis=0))):
-            line, = axis.plot(x, np.median(accuracy, axis=0), label=f"{label} ({len(curves)} seeds)")
-            axis.fill_between(x, accuracy.min(axis=0), accuracy.max(axis=0), color=line.get_color(), alpha=0.2)
-    for axis, xlabel in ((by_step, "step (every label: 16 x 32 images a step)"), (by_time, "virtual time (s)")):
-        axis.axhline(target, color="grey", linestyle=":", linewidth=1)
-        axis.set_xlabel(xlabel)
-        axis.set_ylabel("held-out accuracy (10,000 images)")
-        axis.set_ylim(0, 0.95)
-        axis.grid(alpha=0.3)
-    by_time.set_xscale("log")
-    by_step.legend(fontsize=8, loc="lower right")
-    fig.suptitle(f"SwarmSGD at 16 nodes on aws-4region (sim), LeNet / Fashion-MNIST: {run_dir.name}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    results = load_folder(run_dir)
+    if results is None:
+        raise SystemExit(f"{run_dir}: no run folder here")
+    summary = results.summary
+    jobs = summary[(summary["status"] == "ok") & (summary["phase"].fillna("reported") == "reported")
+                   & summary["label"].isin(labels)]
+    keys = set(zip(jobs["label"], jobs["seed"]))
+    evals = results.evals
+    curves = evals[[key in keys for key in zip(evals["label"], evals["seed"])]]
+    seeds = jobs.groupby("label")["seed"].nunique()
+    count = str(seeds.max()) if seeds.min() == seeds.max() else f"{seeds.min()}-{seeds.max()}"
+    figure = plots.curves_with_seed_band(
+        curves.assign(steps=curves["step"] + 1), y="accuracy", y_label="held-out accuracy (10,000 images)",
+        panels=[("steps", "steps (16 nodes x 32 images each)"), ("time_s", "virtual time (s)")],
+        first_sync_step=jobs.groupby("label")["first_sync_step"].median().dropna().to_dict(), target=target,
+        log_x=("time_s",),
+        title=f"SwarmSGD at 16 nodes on aws-4region (sim), LeNet / Fashion-MNIST, {run_dir.name}: "
+              f"median of {count} seeds, min-max band")
+    figure.savefig(path, dpi=110)
     print(f"figure: {path}")
 
 
