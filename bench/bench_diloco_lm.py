@@ -35,6 +35,9 @@ bytes. The tuning phase's candidates (seed 0) are printed with their losses and 
 ``--with RUN`` (repeatable) joins another run of the same workload (its controls, run apart at the
 main run's pick: paper-diloco-lm-b64-controls.yaml) to the table and figure; seeds pair across runs.
 
+``--seeds 1,2,3`` keeps only those seeds of the reported phase (a run that reported the seed its
+baseline tuned on as well: paper-streaming-diloco-lm-b64-shared.yaml's seed 0).
+
 ``--baseline LABEL`` measures the gaps and byte ratios against another label. Against a DiLoCo
 label it prints the family's verdicts: SparseLoCo's (loss no worse, >= 20x fewer bytes) and
 Streaming DiLoCo's (loss within 1 % of DiLoCo's by both readings, as the 2 % above), issue 24.
@@ -299,6 +302,9 @@ def main(argv=None) -> int:
                              "(e.g. the controls run apart: paper-diloco-lm-b64-controls.yaml); repeatable")
     parser.add_argument("--csv", type=Path, help="write the per-label table here")
     parser.add_argument("--figure", type=Path, help="loss vs tokens and vs virtual time (PNG, or SVG by the suffix)")
+    parser.add_argument("--seeds", type=lambda text: [int(x) for x in text.split(",")],
+                        help="only these seeds of the reported phase, e.g. 1,2,3 (a run that also reported "
+                             "the seed its baseline tuned on)")
     parser.add_argument("--baseline", default=BASELINE,
                         help="the label the gaps and byte ratios are against (default sync; "
                              "paper-sparseloco-lm.yaml: diloco-H15, and SparseLoCo's verdict is printed)")
@@ -310,6 +316,8 @@ def main(argv=None) -> int:
         return 2
     phase = rows["phase"].fillna("reported") if "phase" in rows else pd.Series("reported", index=rows.index)
     reported, tuning = rows[phase == "reported"], rows[phase == "tuning"]
+    if args.seeds:
+        reported = reported[reported["seed"].isin(args.seeds)]
     base = args.baseline
     if base not in set(reported["label"]):
         print(f"{args.run}: no ok '{base}' job in the reported phase", file=sys.stderr)

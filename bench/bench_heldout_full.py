@@ -68,9 +68,13 @@ def main(argv=None) -> int:
                         help="another run of the same workload (its controls); repeatable")
     parser.add_argument("--baseline", default="sync")
     parser.add_argument("--max-test-samples", type=int, default=None, help="default: the whole held-out split")
+    parser.add_argument("--seeds", type=lambda text: [int(x) for x in text.split(",")],
+                        help="only these seeds of the reported phase (as bench_diloco_lm --seeds)")
     parser.add_argument("--csv", type=Path)
     args = parser.parse_args(argv)
     jobs = pd.concat([reported_jobs(run) for run in [args.run, *args.others]], ignore_index=True)
+    if args.seeds:
+        jobs = jobs[jobs["seed"].isin(args.seeds)].reset_index(drop=True)
     rows = []
     for _, job in jobs.iterrows():
         if not (job["job_dir"] / "snapshots").is_dir():

@@ -428,11 +428,15 @@ DILOCO_TABLES = [
     ("diloco-lm-b64/20261127-061018+diloco-lm-b64/20261127-095437-ring", "diloco-lm-b64/diloco-lm-b64-ring.csv", "sync"),
     ("diloco-lm-b64/20261127-061018+diloco-lm-b64/20261127-132959-shared", "diloco-lm-b64/diloco-lm-b64-ring-shared.csv",
      "sync"),
+    # Streaming DiLoCo against that DiLoCo, seeds 1-3 (its run reported seed 0 too: --seeds 1,2,3)
+    ("diloco-lm-b64/20261127-132959-shared+diloco-lm-b64/20261127-171814-streaming+diloco-lm-b64/20261127-173022-streaming-tau4",
+     "diloco-lm-b64/streaming-diloco-lm-b64-shared.csv", "diloco-H50-int8-ring-shared", (1, 2, 3)),
 ]
 
 
-@pytest.mark.parametrize("run, table, baseline", DILOCO_TABLES, ids=[t[1] for t in DILOCO_TABLES])
-def test_diloco_family_tables_are_recomputed_from_their_evidence(run, table, baseline):
+@pytest.mark.parametrize("run, table, baseline, seeds", [(*t, None)[:4] for t in DILOCO_TABLES],
+                         ids=[t[1] for t in DILOCO_TABLES])
+def test_diloco_family_tables_are_recomputed_from_their_evidence(run, table, baseline, seeds):
     """bench/bench_diloco_lm.py on the committed evidence gives the committed CSV: losses (median,
     min, max), gaps to the baseline, bytes and their ratios, first syncs (after a warm-up too)."""
     import importlib.util
@@ -443,6 +447,8 @@ def test_diloco_family_tables_are_recomputed_from_their_evidence(run, table, bas
     runs = [PAPERS_ROOT / name for name in run.split("+")]   # a run and its controls run apart
     rows = bench.rows_of_runs(runs) if len(runs) > 1 else bench.rows_of(runs[0])
     reported = rows[rows["phase"].fillna("reported") == "reported"] if "phase" in rows else rows   # untuned: all
+    if seeds:
+        reported = reported[reported["seed"].isin(seeds)]
     recomputed = bench.label_table(reported, baseline).set_index("label")
     committed = pd.read_csv(PAPERS_ROOT / table).set_index("label")
     assert sorted(recomputed.index) == sorted(committed.index)
