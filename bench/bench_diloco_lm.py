@@ -359,7 +359,8 @@ def main(argv=None) -> int:
         print(f"\n{r['label']}: loss {r['gap_pct']:+.2f} % vs {base} by medians, {r['gap_pct_seed_median']:+.2f} % "
               f"median per seed (goal, both <= +{STREAMING_LOSS_GOAL * 100:.0f} %: {'met' if loss_ok else 'not met'}; "
               f"per seed {r['gap_pct_seed_min']:+.2f} to {r['gap_pct_seed_max']:+.2f} %), "
-              f"{1 / r['sync_bytes_ratio']:.2f}x {base}'s bytes")
+              f"{1 / r['sync_bytes_ratio']:.2f}x {base}'s bytes"
+              + (f", {1 / r['sync_bytes_ratio_after_warmup']:.2f}x after the warm-up" if warm else ""))
     for _, r in diloco.iterrows():
         # both readings of "within 2 %": the ratio of the medians and the median of the per-seed gaps
         loss_ok = max(r["gap_pct"], r["gap_pct_seed_median"]) <= LOSS_GAP_GOAL * 100

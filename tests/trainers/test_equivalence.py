@@ -47,6 +47,9 @@ RUNS = {
     # the job's lr is DiLoCo's (0.004); the warm-up runs at sync_adamw's 0.01 (warmup_lr): sync's first steps
     "diloco_warmup4_h3_lr_adamw": {**ADAMW, "lr": 0.004,
                                    "algorithm": {"name": "diloco", "params": {"H": 3, "warmup_steps": 4, "warmup_lr": 0.01}}},
+    # streaming_diloco's warm start (the family's base class) through the runner: H 4, F 2, tau 1
+    "streaming_warmup4_h4_f2_lr_adamw": {**ADAMW, "lr": 0.004, "algorithm": {"name": "streaming_diloco", "params": {
+        "H": 4, "fragments": 2, "overlap": 1, "warmup_steps": 4, "warmup_lr": 0.01}}},
     "dts_p2_t3_plain": {**PLAIN, "steps": 24, "eval_every": 24, "algorithm": {"name": "dts", "params": {"p": 2, "t": 3}}},
     # a cosine schedule ends at lr 0, the step a correction is due (launched at 21, applied at 23)
     "dts_p2_t2_cosine_plain": {**PLAIN, "steps": 24, "eval_every": 24, "lr_schedule": {"name": "cosine"},
@@ -172,6 +175,20 @@ def test_diloco_warmup_lr_makes_the_warmup_syncs_own_first_steps(runs):
     # from step 4 the replicas take smaller steps than diloco_warmup4_h3_adamw's (job lr 0.01)
     same_job_lr = [r["loss"] for r in records(runs["diloco_warmup4_h3_adamw"], 0, "step")]
     assert [r["loss"] for r in records(out, 0, "step")][6:] != pytest.approx(same_job_lr[6:], abs=1e-6)
+
+
+def test_streaming_diloco_warmup_is_syncs_own_first_steps_and_its_fragments_count_from_its_end(runs):
+    """Streaming DiLoCo with warmup_steps 4 at sync's lr: steps 0-3 are sync's (losses of steps 0-4
+    agree, lr as sync's), then the job's lr; fragments (H 4, F 2, tau 1) are applied after inner
+    steps 2, 4, 6, 8, i.e. at steps 5, 7, 9, 11, each sync launched one step earlier (the bytes)."""
+    out = runs["streaming_warmup4_h4_f2_lr_adamw"]
+    for rank in range(2):
+        steps = records(out, rank, "step")
+        sync = records(runs["sync_adamw"], rank, "step")
+        assert [r["lr"] for r in steps] == pytest.approx([0.01] * 4 + [0.004] * 8)
+        assert [r["loss"] for r in steps[:5]] == pytest.approx([r["loss"] for r in sync[:5]], abs=1e-6)
+        assert [r["syncs_applied"] for r in steps] == [1, 1, 1, 1, 0, 1, 0, 1, 0, 1, 0, 1]
+        assert [r["bytes_sent"] > 0 for r in steps] == [True] * 4 + [True, False] * 4
 
 
 def test_dts_replicas_agree_once_every_correction_is_applied(runs):

@@ -253,6 +253,9 @@ def test_the_warm_start_is_diloco_s_and_the_fragments_count_from_its_end(four_ra
     # 6, 8, 10, 12); before any of them every rank holds the same replica, after them only theta_g agrees
     warm = [four_ranks[rank]["f2_t1_warm"] for rank in range(WORLD)]
     assert [r["syncs_applied"] for r in warm] == [5 + 4] * WORLD
+    # bytes cross in the 5 warm-up steps (0-4) and at each launch, one step before its application:
+    # inner steps 1, 3, 5, 7 = steps 5, 7, 9, 11
+    assert [b > 0 for b in warm[0]["bytes_sent"]] == [True] * 5 + [True, False] * 4
     assert all(r["global"] == warm[0]["global"] for r in warm)
     assert warm[1]["params"] != warm[0]["params"]
 
