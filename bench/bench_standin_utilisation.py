@@ -250,18 +250,25 @@ def plot(table: pd.DataFrame, path: Path, target: float, title: str) -> list[Pat
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sizes = list(dict.fromkeys(table["parameters"]))
+    sizes = sorted(dict.fromkeys(table["parameters"]))
+    # one colour per method across the panels (a label less its size-dependent fragment count)
+    family = table["algorithm"].str.replace(r"-F\d+", "", regex=True)
+    palette = plt.get_cmap("tab10").colors
+    colours = {name: palette[i % 10] for i, name in enumerate(dict.fromkeys(family))}
+    paper_colours = {name: palette[(len(colours) + i) % 10]
+                     for i, name in enumerate(dict.fromkeys(n for v in PAPER_TABLE4.values() for n in v))}
     fig, axes = plt.subplots(1, len(sizes), figsize=(5.2 * len(sizes), 4.2), squeeze=False, sharey=True)
     for ax, size in zip(axes[0], sizes):
         part = table[table["parameters"] == size]
         for label, curve in part.groupby("algorithm", sort=False):
             curve = curve.sort_values("rate_gbit_s")
-            ax.plot(curve["rate_gbit_s"], curve["compute_utilisation"], marker="o", markersize=3, label=label)
+            ax.plot(curve["rate_gbit_s"], curve["compute_utilisation"], marker="o", markersize=3, label=label,
+                    color=colours[family[curve.index[0]]])
         for name, values in PAPER_TABLE4.get(size, {}).items():
             if name == "Data-Parallel":
                 continue
             ax.plot(values, PAPER_TARGETS, linestyle=":", marker="x", markersize=5, alpha=0.6,
-                    label=f"paper: {name}")
+                    label=f"paper: {name}", color=paper_colours[name])
         ax.axhline(target, color="grey", linewidth=0.8, linestyle="--")
         ax.text(ax.get_xlim()[0] if False else part["rate_gbit_s"].min(), target + 0.01, f"{target:.0%}", fontsize=8)
         ax.set_xscale("log")
@@ -270,7 +277,8 @@ def plot(table: pd.DataFrame, path: Path, target: float, title: str) -> list[Pat
         ax.set_title(f"{size / 1e9:g}B stand-in")
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel("compute utilisation")
-    axes[0][-1].legend(fontsize=7, loc="lower right")
+    for ax in axes[0]:
+        ax.legend(fontsize=6, loc="best")
     fig.suptitle(title, fontsize=8)
     fig.tight_layout()
     written = []
@@ -312,16 +320,17 @@ def main(argv=None) -> int:
     parser.add_argument("--targets", default="0.5,0.8,0.9,0.95,0.99", help="utilisations to report bandwidth for")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--plot", type=Path, default=None, help="write the curves to PATH.png and PATH.svg")
-    parser.add_argument("--from-csv", type=Path, default=None,
-                        help="simulate nothing: read a CSV this script wrote, print its tables, --plot it")
+    parser.add_argument("--from-csv", type=Path, nargs="+", default=None,
+                        help="simulate nothing: read CSVs this script wrote (one table: e.g. sweeps of "
+                             "different methods in the same setting), print its tables, --plot it")
     args = parser.parse_args(argv)
     targets = [float(x) for x in args.targets.split(",")]
     if args.from_csv:
-        table = pd.read_csv(args.from_csv)
+        table = pd.concat([pd.read_csv(path) for path in args.from_csv], ignore_index=True)
         print(threshold_table(table, targets).to_string(index=False, na_rep="not reached",
                                                         float_format=lambda v: f"{v:.3g}"))
         if args.plot:
-            for out in plot(table, args.plot, 0.95, f"{args.from_csv.name}; dotted: arXiv 2501.18512 Table 4"):
+            for out in plot(table, args.plot, 0.95, f"{', '.join(path.name for path in args.from_csv)}; dotted: arXiv 2501.18512 Table 4"):
                 print(f"figure: {out}")
         return 0
     rates = [r * 1e9 for r in (log_grid(args.grid) if args.grid else [float(x) for x in args.rates_gbit.split(",")])]
