@@ -104,3 +104,16 @@ def test_methods_name_their_precision_and_reduce_and_are_valid_trainer_params(me
 def test_an_unknown_method_is_refused_by_name():
     with pytest.raises(SystemExit, match="unknown method 'diloco-fp8'"):
         algorithm_for("diloco-fp8", 100, 20, 1)
+
+
+def test_from_csv_joins_several_sweeps_into_one_table(capsys, tmp_path):
+    """--from-csv with the committed 10B sweep and the data-parallel sweep: one thresholds table
+    with both files' methods, and a figure with a panel per size (no simulation)."""
+    from bench_standin_utilisation import main
+
+    bench = REPO / "results" / "bench"
+    assert main(["--from-csv", str(bench / "standin_utilisation_uniform_nossai.csv"),
+                 str(bench / "standin_utilisation_uniform_nossai_sync.csv"), "--plot", str(tmp_path / "curves")]) == 0
+    out = capsys.readouterr().out
+    assert "streaming-H100-F20-tau1-int4" in out and "sync" in out and "1e+11" in out
+    assert (tmp_path / "curves.png").stat().st_size > 10_000
