@@ -225,29 +225,30 @@ def four_ranks(spawn_ranks_module, tmp_path_factory):
     return results
 
 
-@pytest.mark.slow
-def test_one_fragment_no_overlap_no_merge_is_diloco(four_ranks):
+def assert_same_run(four_ranks, diloco_label: str, streaming_label: str, syncs: int) -> None:
+    """On every rank the two runs end with the same replica and global model (to 1e-6), applied
+    ``syncs`` syncs each and sent the same bytes at every step."""
     for rank in range(WORLD):
-        diloco, streaming = four_ranks[rank]["diloco"], four_ranks[rank]["streaming_as_diloco"]
+        diloco, streaming = four_ranks[rank][diloco_label], four_ranks[rank][streaming_label]
         for key in ("params", "global"):
             difference = (torch.tensor(diloco[key]) - torch.tensor(streaming[key])).abs().max().item()
             assert difference <= 1e-6, (rank, key, difference)
-        assert streaming["syncs_applied"] == diloco["syncs_applied"] == 4
+        assert streaming["syncs_applied"] == diloco["syncs_applied"] == syncs
         assert streaming["bytes_sent"] == diloco["bytes_sent"]
+
+
+@pytest.mark.slow
+def test_one_fragment_no_overlap_no_merge_is_diloco(four_ranks):
+    assert_same_run(four_ranks, "diloco", "streaming_as_diloco", 4)
     # and the run moved: the global model is not where it started
     assert four_ranks[0]["diloco"]["global"] != four_ranks[0]["f2_t1"]["global"]
 
 
 @pytest.mark.slow
 def test_the_warm_start_is_diloco_s_and_the_fragments_count_from_its_end(four_ranks):
+    # 6 warm-up steps (a gradient average each), then outer steps after steps 10 and 15
+    assert_same_run(four_ranks, "diloco_warm", "streaming_as_diloco_warm", 6 + 2)
     for rank in range(WORLD):
-        diloco, streaming = four_ranks[rank]["diloco_warm"], four_ranks[rank]["streaming_as_diloco_warm"]
-        for key in ("params", "global"):
-            difference = (torch.tensor(diloco[key]) - torch.tensor(streaming[key])).abs().max().item()
-            assert difference <= 1e-6, (rank, key, difference)
-        # 6 warm-up steps (a gradient average each), then outer steps after steps 10 and 15
-        assert streaming["syncs_applied"] == diloco["syncs_applied"] == 6 + 2
-        assert streaming["bytes_sent"] == diloco["bytes_sent"]
         assert four_ranks[rank]["diloco_warm"]["global"] != four_ranks[rank]["diloco"]["global"]
     # H 4, F 2, tau 1 after a 5-step warm-up: fragments applied after inner steps 2, 4, 6, 8 (steps
     # 6, 8, 10, 12); before any of them every rank holds the same replica, after them only theta_g agrees
