@@ -19,9 +19,9 @@ class OneRank:
 FAMILY = {"diloco": (DiLoCo, DiLoCoParams), "streaming_diloco": (StreamingDiLoCo, StreamingDiLoCoParams)}
 
 
-def _diloco(name: str = "diloco", **params) -> DiLoCo | StreamingDiLoCo:
+def _diloco(name: str = "diloco", model: torch.nn.Module | None = None, **params) -> DiLoCo | StreamingDiLoCo:
     torch.manual_seed(0)
-    ctx = AlgorithmContext(model=torch.nn.Linear(3, 2), comm=OneRank(), loss_fn=None, optimizer=OptimizerConfig(),
+    ctx = AlgorithmContext(model=model if model is not None else torch.nn.Linear(3, 2), comm=OneRank(), loss_fn=None, optimizer=OptimizerConfig(),
                            lr=0.1, device=torch.device("cpu"))
     cls, params_cls = FAMILY[name]
     if name == "streaming_diloco":
@@ -96,3 +96,25 @@ def test_the_warmup_deploys_the_replica_and_its_end_hands_it_to_theta_g(name):
     for ours, theirs in zip(algorithm.global_model.parameters(), algorithm.model.parameters()):
         assert torch.equal(ours, theirs)
     assert algorithm.state.warm and algorithm.state.inner_steps == 0
+
+
+@pytest.mark.parametrize("name", FAMILY)
+def test_the_warmups_end_averages_the_float_buffers_into_theta_g(name):
+    """end_warmup averages the replica's float buffers over the ranks (BatchNorm statistics: no
+    gradient trains them) before theta_g takes the replica; here one rank, the average recorded."""
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    algorithm = _diloco(name, model=model, H=5, warmup_steps=6)
+    algorithm.bucketer.wait_and_apply = lambda: None
+    averaged = []
+
+    def average(tensors, collective="allreduce"):
+        averaged.append(len(tensors))
+        for tensor in tensors:
+            tensor.fill_(0.25)   # stands for the mean over the ranks
+
+    algorithm.average_tensors = average
+    algorithm.end_warmup()
+    assert averaged == [2]   # running_mean and running_var (num_batches_tracked is not a float)
+    batchnorm = algorithm.global_model[1]
+    assert torch.equal(batchnorm.running_mean, torch.full((2,), 0.25))
+    assert torch.equal(batchnorm.running_var, torch.full((2,), 0.25))
