@@ -61,6 +61,12 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # harness, run from anywhere
 
 BASELINE = "sync"
+
+
+def seed_list(text: str) -> list[int]:
+    """``--seeds 1,2,3`` as a list of ints (bench_heldout_full's option too)."""
+    return [int(x) for x in text.split(",")]
+
 LOSS_GAP_GOAL = 0.02
 BYTES_GOAL = 100.0
 SPARSE_BYTES_GOAL = 20.0   # SparseLoCo: >= 20x fewer bytes than DiLoCo at no worse a loss (issue 24)
@@ -302,7 +308,7 @@ def main(argv=None) -> int:
                              "(e.g. the controls run apart: paper-diloco-lm-b64-controls.yaml); repeatable")
     parser.add_argument("--csv", type=Path, help="write the per-label table here")
     parser.add_argument("--figure", type=Path, help="loss vs tokens and vs virtual time (PNG, or SVG by the suffix)")
-    parser.add_argument("--seeds", type=lambda text: [int(x) for x in text.split(",")],
+    parser.add_argument("--seeds", type=seed_list,
                         help="only these seeds of the reported phase, e.g. 1,2,3 (a run that also reported "
                              "the seed its baseline tuned on)")
     parser.add_argument("--baseline", default=BASELINE,

@@ -28,6 +28,8 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # trainers, run from anywhere
 sys.path.insert(0, str(Path(__file__).resolve().parent))      # bench_diloco_lm beside it
 
+from bench_diloco_lm import seed_list  # noqa: E402
+
 
 def final_loss(job_dir: Path, max_test_samples: int | None) -> dict:
     """The job's last eval point re-evaluated on `max_test_samples` held-out samples (None: all)."""
@@ -68,7 +70,7 @@ def main(argv=None) -> int:
                         help="another run of the same workload (its controls); repeatable")
     parser.add_argument("--baseline", default="sync")
     parser.add_argument("--max-test-samples", type=int, default=None, help="default: the whole held-out split")
-    parser.add_argument("--seeds", type=lambda text: [int(x) for x in text.split(",")],
+    parser.add_argument("--seeds", type=seed_list,
                         help="only these seeds of the reported phase (as bench_diloco_lm --seeds)")
     parser.add_argument("--csv", type=Path)
     args = parser.parse_args(argv)

@@ -68,7 +68,7 @@ def rows_of(run_dir: Path) -> list[dict]:
 
 
 def draw(run_dir: Path, path: Path, labels=("sync", "local_sgd-H4", "local_sgd-H16-ring", "swarmsgd", "local_only"),
-         target: float = 0.85) -> None:
+         target: float = 0.85):
     """Accuracy vs step and vs virtual time, per label over its reported seeds (median, min-max
     band, each label's first synchronisation dotted): harness.plots.curves_with_seed_band, the
     figure the SwarmSGD notebook draws, from the run's eval.jsonl and summary."""
@@ -95,6 +95,7 @@ def draw(run_dir: Path, path: Path, labels=("sync", "local_sgd-H4", "local_sgd-H
               f"median of {count} seeds, min-max band")
     figure.savefig(path, dpi=110)
     print(f"figure: {path}")
+    return figure
 
 
 def number(text) -> float:
