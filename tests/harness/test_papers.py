@@ -591,3 +591,23 @@ def test_swarmsgd_figure_is_drawn_from_the_evidence_with_its_seed_bands(tmp_path
     assert {"sync", "swarmsgd", "local_sgd-H4", "local_sgd-H16-ring", "local_only"} <= labels
     assert sum(c.get_gid() == BAND_GID for c in by_step.collections) == 5
     assert sum(line.get_gid() == FIRST_SYNC_GID for line in by_step.get_lines()) == 5
+
+
+def test_streaming_whole_split_is_of_its_committed_jobs_seeds_1_to_3():
+    """heldout-full-streaming-jobs.csv (bench_heldout_full --seeds 1,2,3 on DiLoCo's shared run and
+    both Streaming DiLoCo runs): one row per job of seeds 1-3, its capped loss the job's last
+    committed evaluation; heldout-full-streaming.csv's medians are those rows' medians."""
+    folder = PAPERS_ROOT / "diloco-lm-b64"
+    jobs = pd.read_csv(folder / "heldout-full-streaming-jobs.csv")
+    runs = ["20261127-132959-shared", "20261127-171814-streaming", "20261127-173022-streaming-tau4"]
+    expected = [job for run in runs for job in (folder / run / "jobs").iterdir()
+                if "-lr" not in job.name and not job.name.endswith("-seed0")]
+    assert len(expected) == len(jobs) == 9 and (jobs["test_sequences"] > 20 * 500).all()
+    for job in expected:
+        label, seed = job.name.removeprefix("delay1-").rsplit("-seed", 1)
+        row = jobs[(jobs["label"] == label) & (jobs["seed"] == int(seed))]
+        last = [json.loads(line) for line in (job / "eval.jsonl").read_text().splitlines()][-1]
+        assert len(row) == 1 and row["loss_capped"].iloc[0] == pytest.approx(last["loss"], rel=1e-12)
+    table = pd.read_csv(folder / "heldout-full-streaming.csv").set_index("label")
+    for label, group in jobs.groupby("label"):
+        assert table.loc[label, "loss_full"] == pytest.approx(group["loss_full"].median())
