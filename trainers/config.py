@@ -83,6 +83,16 @@ def require_choice(name: str, value: Any, choices: typing.Iterable[str]) -> None
         raise ConfigError(name, f"must be one of {choices}, got {value!r}")
 
 
+def check_warmup(warmup_steps: int, warmup_lr: Optional[float], bucket_cap_mb: float) -> None:
+    """Check a Params dataclass's data-parallel warm start (raises ConfigError naming the field)."""
+    require_int("warmup_steps", warmup_steps, minimum=0)
+    if warmup_lr is not None:
+        require_float("warmup_lr", warmup_lr, minimum=0.0, min_exclusive=True)
+        if warmup_steps == 0:
+            raise ConfigError("warmup_lr", "is set but warmup_steps is 0 (there is no warm-up for it to apply to)")
+    require_float("bucket_cap_mb", bucket_cap_mb, minimum=0.0, min_exclusive=True)
+
+
 def _bounds_text(minimum: Any, maximum: Any) -> str:
     if minimum is not None and maximum is not None:
         return f" in [{minimum}, {maximum}]"

@@ -8,6 +8,7 @@ import torch
 
 from trainers.algorithms import AlgorithmContext
 from trainers.algorithms.diloco import DiLoCo, DiLoCoParams, DiLoCoState
+from trainers.algorithms.local_sgd import LocalSGDParams
 from trainers.algorithms.streaming_diloco import StreamingDiLoCo, StreamingDiLoCoParams
 from trainers.config import ConfigError, OptimizerConfig
 
@@ -17,6 +18,8 @@ class OneRank:
 
 
 FAMILY = {"diloco": (DiLoCo, DiLoCoParams), "streaming_diloco": (StreamingDiLoCo, StreamingDiLoCoParams)}
+# local SGD takes the same warm start (its controls start where DiLoCo does): the same checks
+WARMUP_PARAMS = {name: params for name, (_, params) in FAMILY.items()} | {"local_sgd": LocalSGDParams}
 
 
 def _diloco(name: str = "diloco", model: torch.nn.Module | None = None, **params) -> DiLoCo | StreamingDiLoCo:
@@ -36,10 +39,10 @@ def _diloco(name: str = "diloco", model: torch.nn.Module | None = None, **params
                                             ({"bucket_cap_mb": 0}, "bucket_cap_mb"),
                                             ({"warmup_steps": 4, "warmup_lr": 0}, "warmup_lr"),
                                             ({"warmup_lr": 0.02}, "warmup_lr")])
-@pytest.mark.parametrize("name", FAMILY)
+@pytest.mark.parametrize("name", WARMUP_PARAMS)
 def test_bad_warmup_params_name_the_field(changes, field, name):
     with pytest.raises(ConfigError, match=rf"^{field}: "):
-        FAMILY[name][1](**changes)
+        WARMUP_PARAMS[name](**changes)
 
 
 @pytest.mark.parametrize("warmup_steps, step, expected", [

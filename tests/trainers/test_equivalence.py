@@ -47,6 +47,11 @@ RUNS = {
     # the job's lr is DiLoCo's (0.004); the warm-up runs at sync_adamw's 0.01 (warmup_lr): sync's first steps
     "diloco_warmup4_h3_lr_adamw": {**ADAMW, "lr": 0.004,
                                    "algorithm": {"name": "diloco", "params": {"H": 3, "warmup_steps": 4, "warmup_lr": 0.01}}},
+    # local SGD from the same warm start (DiLoCo's controls); with outer lr 1 and no momentum DiLoCo averages the same way
+    "local_sgd_warmup4_h3_lr_adamw": {**ADAMW, "lr": 0.004, "algorithm": {"name": "local_sgd", "params": {
+        "H": 3, "warmup_steps": 4, "warmup_lr": 0.01}}},
+    "diloco_warmup4_h3_lr_plain_outer_adamw": {**ADAMW, "lr": 0.004, "algorithm": {"name": "diloco", "params": {
+        "H": 3, "warmup_steps": 4, "warmup_lr": 0.01, "outer_lr": 1.0, "outer_momentum": 0.0, "nesterov": False}}},
     # streaming_diloco's warm start (the family's base class) through the runner: H 4, F 2, tau 1
     "streaming_warmup4_h4_f2_lr_adamw": {**ADAMW, "lr": 0.004, "algorithm": {"name": "streaming_diloco", "params": {
         "H": 4, "fragments": 2, "overlap": 1, "warmup_steps": 4, "warmup_lr": 0.01}}},
@@ -175,6 +180,24 @@ def test_diloco_warmup_lr_makes_the_warmup_syncs_own_first_steps(runs):
     # from step 4 the replicas take smaller steps than diloco_warmup4_h3_adamw's (job lr 0.01)
     same_job_lr = [r["loss"] for r in records(runs["diloco_warmup4_h3_adamw"], 0, "step")]
     assert [r["loss"] for r in records(out, 0, "step")][6:] != pytest.approx(same_job_lr[6:], abs=1e-6)
+
+
+def test_local_sgd_takes_diloco_s_warm_start_and_averages_as_diloco_with_a_plain_outer_step(runs):
+    """local_sgd with warmup_steps 4 at sync's lr (warmup_lr), H 3: steps 0-3 are sync's (lr and
+    the losses of steps 0-4), then the job's lr; averages end steps 6 and 9; and every step and the
+    final replicas are DiLoCo's from the same warm start with outer lr 1 and no momentum
+    (theta_g - mean(theta_g - theta_i) = mean(theta_i)), the control it stands beside."""
+    out = runs["local_sgd_warmup4_h3_lr_adamw"]
+    diloco = runs["diloco_warmup4_h3_lr_plain_outer_adamw"]
+    for rank in range(2):
+        steps = records(out, rank, "step")
+        sync = records(runs["sync_adamw"], rank, "step")
+        assert [r["lr"] for r in steps] == pytest.approx([0.01] * 4 + [0.004] * 8)
+        assert [r["loss"] for r in steps[:5]] == pytest.approx([r["loss"] for r in sync[:5]], abs=1e-6)
+        assert [r["syncs_applied"] for r in steps] == [1, 1, 1, 1, 0, 0, 1, 0, 0, 1, 0, 0]
+        assert [r["loss"] for r in steps] == pytest.approx([r["loss"] for r in records(diloco, rank, "step")], abs=1e-5)
+        assert max_difference(final_state(out, rank), final_state(diloco, rank)) < 1e-5
+    assert [r["loss"] for r in records(out, 0, "step")][5:] != pytest.approx([r["loss"] for r in records(runs["sync_adamw"], 0, "step")][5:], abs=1e-6)
 
 
 def test_streaming_diloco_warmup_is_syncs_own_first_steps_and_its_fragments_count_from_its_end(runs):

@@ -116,7 +116,12 @@ class Algorithm(ABC):
 
     def peak_lr(self, step: int, lr: float) -> float:
         """The peak learning rate the job's schedule scales at 0-based ``step``: the job's ``lr``
-        unless a phase of the algorithm has its own (DiLoCo's warm start, ``warmup_lr``)."""
+        unless a phase of the algorithm has its own. Here: ``warmup_lr`` during the first
+        ``params.warmup_steps`` steps, for params that set one (the data-parallel warm start of
+        `diloco`, `streaming_diloco` and `local_sgd`)."""
+        warmup_lr = getattr(self.params, "warmup_lr", None)
+        if warmup_lr is not None and step < self.params.warmup_steps:
+            return warmup_lr
         return lr
 
     def set_lr(self, lr: float) -> None:

@@ -54,10 +54,10 @@ from torch import nn
 
 from trainers.algorithms.base import AlgorithmContext, StepResult
 from trainers.algorithms.diloco_common import (
-    OUTER_PRECISIONS, GlobalModelAlgorithm, OuterPrecision, check_outer_reduce, check_outer_sgd, check_warmup,
+    OUTER_PRECISIONS, GlobalModelAlgorithm, OuterPrecision, check_outer_reduce, check_outer_sgd,
     float_buffers, launch_average, outer_compressor, outer_step, pseudo_gradient,
 )
-from trainers.config import require_choice, require_int
+from trainers.config import check_warmup, require_choice, require_int
 from trainers.snapshots import OutputState
 
 

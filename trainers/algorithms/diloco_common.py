@@ -117,16 +117,6 @@ def check_outer_sgd(outer_lr: float, outer_momentum: float, nesterov: bool) -> N
         raise ConfigError("nesterov", "needs outer_momentum > 0")
 
 
-def check_warmup(warmup_steps: int, warmup_lr: Optional[float], bucket_cap_mb: float) -> None:
-    """Check a Params dataclass's warm start (raises ConfigError naming the field)."""
-    require_int("warmup_steps", warmup_steps, minimum=0)
-    if warmup_lr is not None:
-        require_float("warmup_lr", warmup_lr, minimum=0.0, min_exclusive=True)
-        if warmup_steps == 0:
-            raise ConfigError("warmup_lr", "is set but warmup_steps is 0 (there is no warm-up for it to apply to)")
-    require_float("bucket_cap_mb", bucket_cap_mb, minimum=0.0, min_exclusive=True)
-
-
 def pseudo_gradient(global_params: list[torch.nn.Parameter], local_params: list[torch.nn.Parameter]) -> torch.Tensor:
     """theta_g - theta_local, flat (a new buffer): points away from where local training went, so
     an outer SGD step with it as the gradient moves theta_g towards the replica."""
@@ -150,7 +140,7 @@ class GlobalModelAlgorithm(Algorithm):
     ``bucket_cap_mb`` (`diloco`, `streaming_diloco`; see diloco.py's docstring): its train_step
     calls ``warmup_step`` for the first ``warmup_steps`` steps, data-parallel as `sync` (the
     gradient all-reduced in buckets during backward, the inner AdamW stepping on the average, so
-    the replicas stay identical), ``peak_lr`` gives those steps ``warmup_lr``, and the last one
+    the replicas stay identical), ``Algorithm.peak_lr`` gives those steps ``warmup_lr``, and the last one
     calls ``end_warmup``: theta_g <- the replica, the hooks go, the inner AdamW state stays.
     ``bucketer`` is not None exactly while the warm-up lasts.
     """
@@ -167,13 +157,6 @@ class GlobalModelAlgorithm(Algorithm):
             self.bucketer = GradientBucketer(
                 self.model.parameters(), self.comm, int(params.bucket_cap_mb * 2**20), self.exchange_hook
             )
-
-    def peak_lr(self, step: int, lr: float) -> float:
-        """``warmup_lr`` during the warm-up's steps (when set), the job's lr after it."""
-        warmup_lr = getattr(self.params, "warmup_lr", None)
-        if warmup_lr is not None and step < self.params.warmup_steps:
-            return warmup_lr
-        return lr
 
     def warmup_step(self, step: int, batch: tuple) -> StepResult:
         """One data-parallel step (as `sync`); the warm-up's last one calls ``end_warmup``."""

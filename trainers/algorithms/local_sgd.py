@@ -1,7 +1,10 @@
 """`local_sgd`: H local optimizer steps, then model averaging (one all_reduce of all parameters).
 
 Optional post-local warm-up (Lin et al. 2020, "Don't use large mini-batches, use local SGD"):
-the first ``warmup_steps`` steps are fully synchronous (bucketed gradient all-reduce, as `sync`).
+the first ``warmup_steps`` steps are fully synchronous (bucketed gradient all-reduce, as `sync`),
+at ``warmup_lr`` when set (the peak lr of the schedule for those steps; the job's lr after them), so
+that with the same seed, batch and schedule the warm-up is a `sync` run's own first steps: the
+shared warm start of DiLoCo's paper, as `diloco` takes it (the controls of its comparison).
 Optimizer state (momentum) stays local, as torch's PeriodicModelAverager leaves it.
 """
 
@@ -15,25 +18,25 @@ from torch import nn
 from trainers.algorithms.base import Algorithm, AlgorithmContext, StepResult
 from trainers.algorithms.hooks import ExchangeHook, allreduce_hook
 from trainers.algorithms.sync import GradientBucketer
-from trainers.config import require_choice, require_float, require_int
+from trainers.config import check_warmup, require_choice, require_int
 from trainers.snapshots import OutputState
 
 
 @dataclass
 class LocalSGDParams:
     """Args: H: local steps between averages; warmup_steps: initial fully synchronous steps;
-    bucket_cap_mb: bucket size of the warm-up gradient all-reduce (MiB); collective: how the
+    warmup_lr: the peak lr of those steps (None: the job's lr); bucket_cap_mb: bucket size of the warm-up gradient all-reduce (MiB); collective: how the
     parameters are averaged, allreduce (gloo/nccl) or ring (isend/irecv ring, fewer WAN round trips)."""
 
     H: int = 4
     warmup_steps: int = 0
+    warmup_lr: Optional[float] = None
     bucket_cap_mb: float = 25.0
     collective: Literal["allreduce", "ring"] = "allreduce"
 
     def __post_init__(self) -> None:
         require_int("H", self.H, minimum=1)
-        require_int("warmup_steps", self.warmup_steps, minimum=0)
-        require_float("bucket_cap_mb", self.bucket_cap_mb, minimum=0.0, min_exclusive=True)
+        check_warmup(self.warmup_steps, self.warmup_lr, self.bucket_cap_mb)
         require_choice("collective", self.collective, ("allreduce", "ring"))
 
 

@@ -62,11 +62,11 @@ from torch import nn
 
 from trainers.algorithms.base import AlgorithmContext, StepResult
 from trainers.algorithms.diloco_common import (
-    OUTER_PRECISIONS, GlobalModelAlgorithm, OuterPrecision, check_outer_reduce, check_outer_sgd, check_warmup,
+    OUTER_PRECISIONS, GlobalModelAlgorithm, OuterPrecision, check_outer_reduce, check_outer_sgd,
     float_buffers, launch_average, outer_compressor, outer_step, pseudo_gradient,
 )
 from trainers.comm import Work
-from trainers.config import ConfigError, require_choice, require_float, require_int
+from trainers.config import ConfigError, check_warmup, require_choice, require_float, require_int
 from trainers.snapshots import OutputState
 
 
