@@ -104,8 +104,10 @@ def test_the_warmup_deploys_the_replica_and_its_end_hands_it_to_theta_g(name):
 @pytest.mark.parametrize("name", FAMILY)
 def test_the_warmups_end_averages_the_float_buffers_into_theta_g(name):
     """end_warmup averages the replica's float buffers over the ranks (BatchNorm statistics: no
-    gradient trains them) before theta_g takes the replica; here one rank, the average recorded."""
+    gradient trains them) before theta_g takes the replica; here one rank, the average recorded. A
+    non-persistent buffer (a constant such as the transformer's causal mask) is not exchanged."""
     model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    model.register_buffer("constant", torch.full((4,), -1.0), persistent=False)
     algorithm = _diloco(name, model=model, H=5, warmup_steps=6)
     algorithm.bucketer.wait_and_apply = lambda: None
     averaged = []
@@ -118,6 +120,18 @@ def test_the_warmups_end_averages_the_float_buffers_into_theta_g(name):
     algorithm.average_tensors = average
     algorithm.end_warmup()
     assert averaged == [2]   # running_mean and running_var (num_batches_tracked is not a float)
+    assert torch.equal(model.constant, torch.full((4,), -1.0))
     batchnorm = algorithm.global_model[1]
     assert torch.equal(batchnorm.running_mean, torch.full((2,), 0.25))
     assert torch.equal(batchnorm.running_var, torch.full((2,), 0.25))
+
+
+def test_the_language_models_causal_mask_is_not_among_the_buffers_the_family_exchanges():
+    """The byte LM keeps its causal mask as a non-persistent float buffer (seq_len^2 floats); the
+    family's rounds exchange only persistent float buffers, so none for this model."""
+    from trainers.algorithms.diloco_common import float_buffers
+    from trainers.models import TinyTransformerLM, TransformerParams
+
+    model = TinyTransformerLM(TransformerParams(), seq_len=32, vocab_size=256)
+    assert model.causal_mask.is_floating_point() and model.causal_mask.numel() == 32 * 32
+    assert float_buffers(model) == []

@@ -124,8 +124,11 @@ def pseudo_gradient(global_params: list[torch.nn.Parameter], local_params: list[
 
 
 def float_buffers(model: nn.Module) -> list[torch.Tensor]:
-    """The floating-point buffers of ``model`` (BatchNorm statistics), which the family averages as they are."""
-    return [b for b in model.buffers() if b.is_floating_point()]
+    """The persistent floating-point buffers of ``model`` (BatchNorm statistics), which the family
+    averages as they are. A non-persistent buffer is not the model's state but a constant it keeps
+    at hand (the transformer's causal mask, 4 kB at 32 tokens): exchanging it would only add bytes."""
+    persistent = model.state_dict(keep_vars=True).keys()
+    return [b for name, b in model.named_buffers() if b.is_floating_point() and name in persistent]
 
 
 class GlobalModelAlgorithm(Algorithm):
