@@ -167,16 +167,24 @@ def test_diloco_rounds_count_from_the_end_of_the_warmup(runs):
     assert max_difference(final_state(out, 0), final_state(out, 1)) > 1e-4  # 2 inner steps since the last round
 
 
+def warmup_at_syncs_lr(runs, name: str, rank: int) -> list[dict]:
+    """``name``'s step records on ``rank``, checked to have warmed up as `sync_adamw`: warmup_steps 4
+    at its lr 0.01 (warmup_lr), then the job's 0.004; the losses of steps 0-4 (step 4's from the
+    warm-up's model) are sync's."""
+    steps = records(runs[name], rank, "step")
+    sync = records(runs["sync_adamw"], rank, "step")
+    assert [r["lr"] for r in steps] == pytest.approx([0.01] * 4 + [0.004] * 8)
+    assert [r["loss"] for r in steps[:5]] == pytest.approx([r["loss"] for r in sync[:5]], abs=1e-6)
+    return steps
+
+
 def test_diloco_warmup_lr_makes_the_warmup_syncs_own_first_steps(runs):
     """warmup_lr = sync's lr, job lr lower: steps 0-3 run at sync's lr and are sync's steps (the
     losses of steps 0-4 agree, step 4's from the warm-up's model), then the job's lr applies."""
     out = runs["diloco_warmup4_h3_lr_adamw"]
     for rank in range(2):
-        steps = records(out, rank, "step")
-        sync = records(runs["sync_adamw"], rank, "step")
-        assert [r["lr"] for r in steps] == pytest.approx([0.01] * 4 + [0.004] * 8)
-        assert [r["lr"] for r in sync] == pytest.approx([0.01] * 12)
-        assert [r["loss"] for r in steps[:5]] == pytest.approx([r["loss"] for r in sync[:5]], abs=1e-6)
+        warmup_at_syncs_lr(runs, "diloco_warmup4_h3_lr_adamw", rank)
+        assert [r["lr"] for r in records(runs["sync_adamw"], rank, "step")] == pytest.approx([0.01] * 12)
     # from step 4 the replicas take smaller steps than diloco_warmup4_h3_adamw's (job lr 0.01)
     same_job_lr = [r["loss"] for r in records(runs["diloco_warmup4_h3_adamw"], 0, "step")]
     assert [r["loss"] for r in records(out, 0, "step")][6:] != pytest.approx(same_job_lr[6:], abs=1e-6)
@@ -190,10 +198,7 @@ def test_local_sgd_takes_diloco_s_warm_start_and_averages_as_diloco_with_a_plain
     out = runs["local_sgd_warmup4_h3_lr_adamw"]
     diloco = runs["diloco_warmup4_h3_lr_plain_outer_adamw"]
     for rank in range(2):
-        steps = records(out, rank, "step")
-        sync = records(runs["sync_adamw"], rank, "step")
-        assert [r["lr"] for r in steps] == pytest.approx([0.01] * 4 + [0.004] * 8)
-        assert [r["loss"] for r in steps[:5]] == pytest.approx([r["loss"] for r in sync[:5]], abs=1e-6)
+        steps = warmup_at_syncs_lr(runs, "local_sgd_warmup4_h3_lr_adamw", rank)
         assert [r["syncs_applied"] for r in steps] == [1, 1, 1, 1, 0, 0, 1, 0, 0, 1, 0, 0]
         assert [r["loss"] for r in steps] == pytest.approx([r["loss"] for r in records(diloco, rank, "step")], abs=1e-5)
         assert max_difference(final_state(out, rank), final_state(diloco, rank)) < 1e-5
@@ -204,12 +209,8 @@ def test_streaming_diloco_warmup_is_syncs_own_first_steps_and_its_fragments_coun
     """Streaming DiLoCo with warmup_steps 4 at sync's lr: steps 0-3 are sync's (losses of steps 0-4
     agree, lr as sync's), then the job's lr; fragments (H 4, F 2, tau 1) are applied after inner
     steps 2, 4, 6, 8, i.e. at steps 5, 7, 9, 11, each sync launched one step earlier (the bytes)."""
-    out = runs["streaming_warmup4_h4_f2_lr_adamw"]
     for rank in range(2):
-        steps = records(out, rank, "step")
-        sync = records(runs["sync_adamw"], rank, "step")
-        assert [r["lr"] for r in steps] == pytest.approx([0.01] * 4 + [0.004] * 8)
-        assert [r["loss"] for r in steps[:5]] == pytest.approx([r["loss"] for r in sync[:5]], abs=1e-6)
+        steps = warmup_at_syncs_lr(runs, "streaming_warmup4_h4_f2_lr_adamw", rank)
         assert [r["syncs_applied"] for r in steps] == [1, 1, 1, 1, 0, 1, 0, 1, 0, 1, 0, 1]
         assert [r["bytes_sent"] > 0 for r in steps] == [True] * 4 + [True, False] * 4
 
