@@ -285,7 +285,9 @@ for title, frame in frames.items():
                   "all-reduce in the `-ring` folder, and that ring DiLoCo from sync's own 500 warm-up steps "
                   "(`warmup_lr` at sync's lr) in the `-shared` folder, and Streaming DiLoCo from the same "
                   "warm start (two fragments, overlap 1 over the int8 ring; overlap 4 with int4 all-gathered) "
-                  "in the `-streaming` and `-streaming-tau4` folders, all drawn with it (the streaming run "
+                  "in the `-streaming` and `-streaming-tau4` folders; that DiLoCo and Streaming DiLoCo at "
+                  "DiLoCo's tuned outer momentum 0.8 in the `-om08` folder and the controls from the same warm "
+                  "start in the `-controls-shared` folder; all drawn with it (the streaming run "
                   "reported seed 0 as well, so its band has 4 seeds)."),
         "default": "results/papers/diloco-lm/:results/papers/diloco-lm-warm/:results/papers/diloco-lm-b64/",
         "load": LOAD_RUN_DIRS,
@@ -295,7 +297,7 @@ diloco = bench_script("bench_diloco_lm")
 tables = {}
 # run apart, drawn with their folder's main run: the one their name starts with (the controls, run
 # at the main run's pick), else the folder's only main run (a later run against the same baseline)
-COMPANIONS = ("-controls", "-ring", "-shared", "-streaming", "-streaming-tau4")
+COMPANIONS = ("-controls", "-ring", "-shared", "-streaming", "-streaming-tau4", "-om08")
 mains = [run for run in run_dirs
          if not run.name.startswith("probe-") and not run.name.endswith(("-edge", *COMPANIONS))]
 companions_of = {}

@@ -431,6 +431,11 @@ DILOCO_TABLES = [
     # Streaming DiLoCo against that DiLoCo, seeds 1-3 (its run reported seed 0 too: --seeds 1,2,3)
     ("diloco-lm-b64/20261127-132959-shared+diloco-lm-b64/20261127-171814-streaming+diloco-lm-b64/20261127-173022-streaming-tau4",
      "diloco-lm-b64/streaming-diloco-lm-b64-shared.csv", "diloco-H50-int8-ring-shared", (1, 2, 3)),
+    # DiLoCo at its tuned outer momentum 0.8 with the controls from the same warm start, against sync;
+    # Streaming DiLoCo at 0.8 against that DiLoCo (one run, seeds 1-3)
+    ("diloco-lm-b64/20261127-061018+diloco-lm-b64/20261127-132959-shared+diloco-lm-b64/20261127-211930-om08+diloco-lm-b64/20261127-212249-controls-shared",
+     "diloco-lm-b64/diloco-lm-b64-om08.csv", "sync", (1, 2, 3)),
+    ("diloco-lm-b64/20261127-211930-om08", "diloco-lm-b64/streaming-diloco-lm-b64-om08.csv", "diloco-H50-int8-ring-shared-om0.8"),
 ]
 
 
@@ -593,21 +598,29 @@ def test_swarmsgd_figure_is_drawn_from_the_evidence_with_its_seed_bands(tmp_path
     assert sum(line.get_gid() == FIRST_SYNC_GID for line in by_step.get_lines()) == 5
 
 
-def test_streaming_whole_split_is_of_its_committed_jobs_seeds_1_to_3():
-    """heldout-full-streaming-jobs.csv (bench_heldout_full --seeds 1,2,3 on DiLoCo's shared run and
-    both Streaming DiLoCo runs): one row per job of seeds 1-3, its capped loss the job's last
-    committed evaluation; heldout-full-streaming.csv's medians are those rows' medians."""
+# whole-split CSVs of bench_heldout_full --seeds 1,2,3 (docs/RESULTS.md 15c and 17): (CSV, its runs, jobs)
+HELDOUT_FULL = [
+    ("heldout-full-streaming", ["20261127-132959-shared", "20261127-171814-streaming", "20261127-173022-streaming-tau4"], 9),
+    ("heldout-full-om08", ["20261127-061018", "20261127-211930-om08", "20261127-212249-controls-shared"], 18),
+    ("heldout-full-streaming-om08", ["20261127-211930-om08"], 6),
+]
+
+
+@pytest.mark.parametrize("table, runs, count", HELDOUT_FULL, ids=[t[0] for t in HELDOUT_FULL])
+def test_whole_split_tables_are_of_their_committed_jobs_seeds_1_to_3(table, runs, count):
+    """A whole-split CSV (bench_heldout_full --seeds 1,2,3 on the listed runs' folders): one row per
+    job of seeds 1-3, its capped loss the job's last committed evaluation; the per-label medians
+    of the table are those rows' medians."""
     folder = PAPERS_ROOT / "diloco-lm-b64"
-    jobs = pd.read_csv(folder / "heldout-full-streaming-jobs.csv")
-    runs = ["20261127-132959-shared", "20261127-171814-streaming", "20261127-173022-streaming-tau4"]
+    jobs = pd.read_csv(folder / f"{table}-jobs.csv")
     expected = [job for run in runs for job in (folder / run / "jobs").iterdir()
                 if "-lr" not in job.name and not job.name.endswith("-seed0")]
-    assert len(expected) == len(jobs) == 9 and (jobs["test_sequences"] > 20 * 500).all()
+    assert len(expected) == len(jobs) == count and (jobs["test_sequences"] > 20 * 500).all()
     for job in expected:
         label, seed = job.name.removeprefix("delay1-").rsplit("-seed", 1)
         row = jobs[(jobs["label"] == label) & (jobs["seed"] == int(seed))]
         last = [json.loads(line) for line in (job / "eval.jsonl").read_text().splitlines()][-1]
         assert len(row) == 1 and row["loss_capped"].iloc[0] == pytest.approx(last["loss"], rel=1e-12)
-    table = pd.read_csv(folder / "heldout-full-streaming.csv").set_index("label")
+    medians = pd.read_csv(folder / f"{table}.csv").set_index("label")
     for label, group in jobs.groupby("label"):
-        assert table.loc[label, "loss_full"] == pytest.approx(group["loss_full"].median())
+        assert medians.loc[label, "loss_full"] == pytest.approx(group["loss_full"].median())
