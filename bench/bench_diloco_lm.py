@@ -293,8 +293,39 @@ def figure(reported: pd.DataFrame, what: str = "DiLoCo in miniature"):
               + (f", after {warm} data-parallel steps" if warm else "") + " (median of seeds, min-max)")
 
 
-def draw(reported: pd.DataFrame, path: Path, what: str = "DiLoCo in miniature") -> None:
-    drawn = figure(reported, what)
+def gap_curves(reported: pd.DataFrame, baseline: str) -> pd.DataFrame:
+    """Every other label's gap to ``baseline`` at each evaluation, seed by seed: ``gap_pct`` = its
+    held-out loss / the baseline's at the same seed and step - 1, in per cent (curves' columns kept)."""
+    frame = curves(reported)
+    base = frame[frame["label"] == baseline][["seed", "step", "loss"]].rename(columns={"loss": "baseline_loss"})
+    joined = frame[frame["label"] != baseline].merge(base, on=["seed", "step"])
+    return joined.assign(gap_pct=(joined["loss"] / joined["baseline_loss"] - 1) * 100)
+
+
+def goal_pct(table: pd.DataFrame, baseline: str) -> float:
+    """The issue's loss goal against ``baseline``, in per cent: DiLoCo within 2 % of sync, Streaming
+    DiLoCo within 1 % of DiLoCo, SparseLoCo no worse than DiLoCo."""
+    if baseline == BASELINE:
+        return LOSS_GAP_GOAL * 100
+    return STREAMING_LOSS_GOAL * 100 if (table["algorithm"] == "streaming_diloco").any() else 0.0
+
+
+def gap_figure(reported: pd.DataFrame, baseline: str, goal: float, what: str = "DiLoCo in miniature"):
+    """The per-seed gap to ``baseline`` against tokens: per label the median over seeds with its
+    min-max band, the first synchronisation after the warm-up marked, the goal dashed."""
+    from harness import plots
+
+    nodes = int(reported["nodes"].iloc[0])
+    return plots.curves_with_seed_band(
+        gap_curves(reported, baseline), y="gap_pct", y_label="held-out loss gap, same seed and step (%)",
+        panels=[("tokens_m", f"tokens seen, all {nodes} nodes (millions of bytes)")],
+        first_sync_step=first_syncs(reported), target=goal,
+        title=f"{what}: held-out loss against {baseline}\n(at the same seed and step; median of seeds, min-max; "
+              f"dashed: the goal, {goal:+.0f} %)")
+
+
+def draw(reported: pd.DataFrame, path: Path, what: str = "DiLoCo in miniature", drawn=None) -> None:
+    drawn = drawn if drawn is not None else figure(reported, what)
     path.parent.mkdir(parents=True, exist_ok=True)
     drawn.savefig(path, dpi=130)   # one file, its format by the suffix (committed figures: PNG, small)
     print(f"wrote {path}")
@@ -308,6 +339,8 @@ def main(argv=None) -> int:
                              "(e.g. the controls run apart: paper-diloco-lm-b64-controls.yaml); repeatable")
     parser.add_argument("--csv", type=Path, help="write the per-label table here")
     parser.add_argument("--figure", type=Path, help="loss vs tokens and vs virtual time (PNG, or SVG by the suffix)")
+    parser.add_argument("--gap-figure", type=Path,
+                        help="the per-seed gap to the baseline against tokens, the goal dashed (PNG or SVG)")
     parser.add_argument("--seeds", type=seed_list,
                         help="only these seeds of the reported phase, e.g. 1,2,3 (a run that also reported "
                              "the seed its baseline tuned on)")
@@ -381,9 +414,13 @@ def main(argv=None) -> int:
         args.csv.parent.mkdir(parents=True, exist_ok=True)
         table.to_csv(args.csv, index=False)
         print(f"wrote {args.csv}")
+    others = [label for label in table["label"] if label != base]
+    what = "DiLoCo in miniature" if base == BASELINE else f"{', '.join(others)} against {base}"
     if args.figure:
-        others = [label for label in table["label"] if label != base]
-        draw(reported, args.figure, "DiLoCo in miniature" if base == BASELINE else f"{', '.join(others)} against {base}")
+        draw(reported, args.figure, what)
+    if args.gap_figure:
+        draw(reported, args.gap_figure, drawn=gap_figure(reported, base, goal_pct(table, base),
+                                                         "DiLoCo in miniature" if base == BASELINE else "The DiLoCo family"))
     return 0
 
 

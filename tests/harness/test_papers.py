@@ -486,6 +486,42 @@ def test_diloco_bench_joins_only_runs_of_one_workload():
     assert bench.main([str(cold), "--with", str(warm)]) == 2
 
 
+@pytest.mark.parametrize("run, table, baseline, goal", [
+    ("diloco-lm-b64/20261127-061018+diloco-lm-b64/20261127-211930-om08+diloco-lm-b64/20261127-212249-controls-shared",
+     "diloco-lm-b64/diloco-lm-b64-om08.csv", "sync", 2.0),
+    ("diloco-lm-b64/20261127-211930-om08", "diloco-lm-b64/streaming-diloco-lm-b64-om08.csv",
+     "diloco-H50-int8-ring-shared-om0.8", 1.0),
+], ids=["against-sync", "streaming-against-diloco"])
+def test_diloco_gap_figure_ends_at_the_tables_median_per_seed_gap(run, table, baseline, goal):
+    """bench_diloco_lm --gap-figure from the committed evidence (seeds 1-3): one line per label but the
+    baseline, each zero through the shared warm-up and ending at the committed table's median
+    per-seed gap; the issue's goal drawn as the reference line."""
+    import importlib.util
+
+    from harness.plots import REFERENCE_GID
+
+    spec = importlib.util.spec_from_file_location("bench_diloco_lm", ROOT / "bench" / "bench_diloco_lm.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    runs = [PAPERS_ROOT / name for name in run.split("+")]
+    rows = bench.rows_of_runs(runs) if len(runs) > 1 else bench.rows_of(runs[0])
+    reported = rows[rows["phase"].fillna("reported") == "reported"] if "phase" in rows else rows
+    reported = reported[reported["seed"].isin([1, 2, 3])]
+    committed = pd.read_csv(PAPERS_ROOT / table).set_index("label")
+    assert bench.goal_pct(reported, baseline) == goal
+    axes = bench.gap_figure(reported, baseline, goal).axes[0]
+    lines = {line.get_label(): line for line in axes.get_lines() if not line.get_label().startswith("_")}
+    drawn = set(reported["label"]) - {baseline}
+    assert drawn <= set(lines) and baseline not in lines
+    gaps = bench.gap_curves(reported, baseline)
+    for label in drawn:
+        assert lines[label].get_ydata()[-1] == pytest.approx(committed.loc[label, "gap_pct_seed_median"], abs=1e-9)
+        ours = gaps[gaps["label"] == label]
+        if label != "diloco-H50-int8":   # the one label warmed up at its own lr, not the baseline's
+            assert (ours.loc[ours["step"] < 500, "gap_pct"] == 0).all() and len(ours[ours["step"] < 500]) == 15
+    assert [line.get_ydata()[0] for line in axes.get_lines() if line.get_gid() == REFERENCE_GID] == [goal]
+
+
 @pytest.mark.parametrize("runs, table", [
     (["paper-p3-resnet50-layers/20261127-062959", "paper-p3-resnet50-layers-2gbit/20261127-062220"], "p3-layers.csv"),
     (["paper-p3-resnet50/20261126-111028"], "p3-paper.csv"),
