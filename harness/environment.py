@@ -63,6 +63,14 @@ def environment(backend: Optional[str] = None, **extra) -> dict:
         "cpu_count": os.cpu_count(),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "git_commit": _git("rev-parse", "HEAD"),
-        "git_dirty": bool(_git("status", "--porcelain")),
+        **git_changes(),
         **extra,
     }
+
+
+def git_changes(limit: int = 20) -> dict:
+    """``git_dirty`` (whether the work tree differs from the commit) and ``git_changed``: the first
+    ``limit`` lines of ``git status --porcelain`` (what differs), so that a run's record says whether
+    the code it ran was the commit's or an untracked file beside it."""
+    lines = _git("status", "--porcelain").splitlines()
+    return {"git_dirty": bool(lines), "git_changed": lines[:limit]}
