@@ -35,7 +35,7 @@ from trainers.config import ConfigError, require_choice
 from trainers.snapshots import OutputState
 
 BASE_PARAMS = {"sync": SyncParams, "local_sgd": LocalSGDParams}
-_BASE_FIELDS = ("bucket_cap_mb", "broadcast_buffers", "H", "warmup_steps", "collective")
+_BASE_FIELDS = ("bucket_cap_mb", "broadcast_buffers", "H", "warmup_steps", "warmup_lr", "collective")
 _COMPRESSOR_FIELDS = ("levels", "chunk_size", "ratio", "bits")
 
 
@@ -49,7 +49,8 @@ class QuantizedParams:
         ratio: topk's fraction of elements sent (chunked_topk's: of each chunk).
         bits: chunked_topk's bits per kept value (2, or 32: float32).
         bucket_cap_mb, broadcast_buffers: sync's (bucket_cap_mb also local_sgd's warm-up buckets).
-        H, warmup_steps: local_sgd's local steps per average and synchronous warm-up steps.
+        H, warmup_steps, warmup_lr: local_sgd's local steps per average, synchronous warm-up steps and
+            their peak lr.
         collective: local_sgd's allreduce | ring; here it picks the all-reduce of summable codes
             (fp16, bf16); the other codes are all-gathered, so they take only allreduce.
     Left as None: the owner's default (filled in when the config is resolved).
@@ -65,6 +66,7 @@ class QuantizedParams:
     broadcast_buffers: Optional[bool] = None
     H: Optional[int] = None
     warmup_steps: Optional[int] = None
+    warmup_lr: Optional[float] = None
     collective: Optional[str] = None
 
     def __post_init__(self) -> None:
