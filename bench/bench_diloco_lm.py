@@ -324,8 +324,8 @@ def gap_figure(reported: pd.DataFrame, baseline: str, goal: float, what: str = "
               f"dashed: the goal, {goal:+.0f} %)")
 
 
-def draw(reported: pd.DataFrame, path: Path, what: str = "DiLoCo in miniature", drawn=None) -> None:
-    drawn = drawn if drawn is not None else figure(reported, what)
+def save(drawn, path: Path) -> None:
+    """Write a figure of this script to ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     drawn.savefig(path, dpi=130)   # one file, its format by the suffix (committed figures: PNG, small)
     print(f"wrote {path}")
@@ -414,13 +414,13 @@ def main(argv=None) -> int:
         args.csv.parent.mkdir(parents=True, exist_ok=True)
         table.to_csv(args.csv, index=False)
         print(f"wrote {args.csv}")
-    others = [label for label in table["label"] if label != base]
-    what = "DiLoCo in miniature" if base == BASELINE else f"{', '.join(others)} against {base}"
     if args.figure:
-        draw(reported, args.figure, what)
+        others = [label for label in table["label"] if label != base]
+        save(figure(reported, "DiLoCo in miniature" if base == BASELINE else f"{', '.join(others)} against {base}"),
+             args.figure)
     if args.gap_figure:
-        draw(reported, args.gap_figure, drawn=gap_figure(reported, base, goal_pct(table, base),
-                                                         "DiLoCo in miniature" if base == BASELINE else "The DiLoCo family"))
+        save(gap_figure(reported, base, goal_pct(table, base),
+                        "DiLoCo in miniature" if base == BASELINE else "The DiLoCo family"), args.gap_figure)
     return 0
 
 

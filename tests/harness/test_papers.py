@@ -38,6 +38,16 @@ MAX_TOTAL_BYTES = 8_500_000   # 5 MB until 2026-11-27; raised for the DiLoCo-at-
 MAX_JOB_BYTES = 50_000
 
 
+def bench_module(name: str):
+    """bench/<name>.py loaded as a module (the bench scripts are not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def table_rows() -> list[dict]:
     return yaml.safe_load(TABLE.read_text())["rows"]
 
@@ -131,11 +141,7 @@ def test_eawild_crossover_is_recomputed_from_its_evidence():
     committed summaries, and its "not met" rests on what they show: at no compute point is sync
     ahead in every seed (each point's best seed has EA-wild ahead), and the median is above 1 again
     at 1 s."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("eawild_crossover", ROOT / "bench" / "eawild_crossover.py")
-    crossover = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(crossover)
+    crossover = bench_module("eawild_crossover")
     runs = [PAPERS_ROOT / "eawild-sweep" / name for name in ("20261126-182918", "20261126-184521", "20261126-185917")]
     frame, lines, crossings = crossover.table(crossover.load(runs))
     line = results_table_row("EA-wild")
@@ -169,11 +175,7 @@ def test_eawild_16_worker_crossover_is_recomputed_from_its_evidence():
     crossings) as bench/eawild_crossover.py computes it from the committed 16-worker summaries, and
     its claim that sync is ahead on the compute-heavy side in every seed: at 150 ms and beyond even
     EA-wild's best seed is below 1, at 5 ms even its worst is above; local SGD ahead of both."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("eawild_crossover", ROOT / "bench" / "eawild_crossover.py")
-    crossover = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(crossover)
+    crossover = bench_module("eawild_crossover")
     runs = [PAPERS_ROOT / "eawild-sweep" / name for name in ("20261126-185842", "20261126-185844")]
     frame, lines, crossings = crossover.table(crossover.load(runs))
     line = results_table_row("EA-wild")
@@ -445,11 +447,7 @@ DILOCO_TABLES = [
 def test_diloco_family_tables_are_recomputed_from_their_evidence(run, table, baseline, seeds):
     """bench/bench_diloco_lm.py on the committed evidence gives the committed CSV: losses (median,
     min, max), gaps to the baseline, bytes and their ratios, first syncs (after a warm-up too)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_diloco_lm", ROOT / "bench" / "bench_diloco_lm.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = bench_module("bench_diloco_lm")
     runs = [PAPERS_ROOT / name for name in run.split("+")]   # a run and its controls run apart
     rows = bench.rows_of_runs(runs) if len(runs) > 1 else bench.rows_of(runs[0])
     reported = rows[rows["phase"].fillna("reported") == "reported"] if "phase" in rows else rows   # untuned: all
@@ -471,11 +469,7 @@ def test_diloco_family_tables_are_recomputed_from_their_evidence(run, table, bas
 def test_diloco_bench_joins_only_runs_of_one_workload():
     """bench_diloco_lm --with joins a run's controls only at equal tokens: the cold run (1,000 steps)
     and the warm one (1,500) are refused together; a run joined with itself keeps its warm-up."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_diloco_lm", ROOT / "bench" / "bench_diloco_lm.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = bench_module("bench_diloco_lm")
     warm, cold = PAPERS_ROOT / "diloco-lm-warm/20261127-015446", PAPERS_ROOT / "diloco-lm/20261126-215937"
     with pytest.raises(ValueError, match="differ"):
         bench.rows_of_runs([warm, cold])
@@ -497,13 +491,9 @@ def test_diloco_gap_figure_ends_at_the_tables_median_per_seed_gap(run, table, ba
     """bench_diloco_lm --gap-figure from the committed evidence (seeds 1-3): one line per label but the
     baseline, each zero through the shared warm-up and ending at the committed table's median
     per-seed gap; the issue's goal drawn as the reference line."""
-    import importlib.util
-
     from harness.plots import REFERENCE_GID
 
-    spec = importlib.util.spec_from_file_location("bench_diloco_lm", ROOT / "bench" / "bench_diloco_lm.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = bench_module("bench_diloco_lm")
     runs = [PAPERS_ROOT / name for name in run.split("+")]
     rows = bench.rows_of_runs(runs) if len(runs) > 1 else bench.rows_of(runs[0])
     reported = rows[rows["phase"].fillna("reported") == "reported"] if "phase" in rows else rows
@@ -531,11 +521,7 @@ def test_p3_steps_per_s_are_recomputed_from_the_evidence(runs, table):
     """bench/bench_p3_paper.py on the committed P3 evidence (each job's step records) gives the
     committed CSV's per-job steps/s (the RESULTS P3 tables quote them), and the measured layer
     shares were what those runs charged (their scenario names the H200 profile)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_p3_paper", ROOT / "bench" / "bench_p3_paper.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = bench_module("bench_p3_paper")
     folder = PAPERS_ROOT / "p3"
     committed = pd.read_csv(folder / table)
     committed = committed[committed["kind"] == "job"].set_index(["run", "label", "seed"])
@@ -574,11 +560,7 @@ def test_swarmsgd_averages_csv_agrees_with_its_evidence(tmp_path):
     """bench/bench_swarmsgd_paper.py's committed CSV (the averages per node need the run folders'
     every-rank records, which are not committed): its summary columns equal the evidence's
     summaries job for job, and its counting sums the step records' per-step syncs_applied."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_swarmsgd_paper", ROOT / "bench" / "bench_swarmsgd_paper.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = bench_module("bench_swarmsgd_paper")
     folder = PAPERS_ROOT / "swarmsgd-fmnist16"
     rows = pd.read_csv(folder / "swarmsgd-fmnist16.csv")
     summaries = {run.name: pd.read_csv(run / "summary.csv") for run in folder.iterdir() if (run / "summary.csv").is_file()}
@@ -619,13 +601,9 @@ def test_whole_split_of_a_later_run_is_of_its_committed_jobs(table, run):
 def test_swarmsgd_figure_is_drawn_from_the_evidence_with_its_seed_bands(tmp_path):
     """bench_swarmsgd_paper --figure draws the committed main run through
     plots.curves_with_seed_band: one line and one band per label, each label's first sync marked."""
-    import importlib.util
-
     from harness.plots import BAND_GID, FIRST_SYNC_GID
 
-    spec = importlib.util.spec_from_file_location("bench_swarmsgd_paper", ROOT / "bench" / "bench_swarmsgd_paper.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = bench_module("bench_swarmsgd_paper")
     figure = bench.draw(PAPERS_ROOT / "swarmsgd-fmnist16" / "20261127-094028", tmp_path / "accuracy.png")
     assert (tmp_path / "accuracy.png").stat().st_size > 10_000
     by_step = figure.axes[0]
