@@ -53,9 +53,9 @@ class SockeyeSizedTransformer(nn.Module):
         return self.out(h)
 
 
-def build(name: str, batch: int, device):
-    import torchvision
-
+def build(name: str, batch: int, device, seq_len: int = 20):
+    if name in ("resnet50", "vgg19"):
+        import torchvision
     if name == "resnet50":
         model = torchvision.models.resnet50()
         x = torch.randn(batch, 3, 224, 224, device=device)
@@ -66,6 +66,12 @@ def build(name: str, batch: int, device):
         x = torch.randn(batch, 3, 224, 224, device=device)
         y = torch.randint(0, 1000, (batch,), device=device)
         return model, (x,), lambda out: nn.functional.cross_entropy(out, y)
+    if name == "sockeye_rnn":  # trainers/models.py's (P3's Sockeye 1.5 RNN), run as the trainers run it
+        from trainers.models import SockeyeRNN, SockeyeRNNParams
+
+        model = SockeyeRNN(SockeyeRNNParams(), max_target_tokens=seq_len)
+        tokens = torch.randint(0, SockeyeRNNParams.target_vocab, (batch, seq_len), device=device)
+        return model, (tokens,), lambda out: nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), tokens.reshape(-1))
     if name == "transformer":
         model = SockeyeSizedTransformer()
         src = torch.randint(0, 32000, (batch, 50), device=device)
@@ -74,9 +80,9 @@ def build(name: str, batch: int, device):
     raise ValueError(name)
 
 
-def profile(name: str, batch: int, warmup: int, iters: int) -> dict:
+def profile(name: str, batch: int, warmup: int, iters: int, seq_len: int = 20) -> dict:
     device = torch.device(DEVICE)
-    model, inputs, loss_of = build(name, batch, device)
+    model, inputs, loss_of = build(name, batch, device, seq_len)
     model.to(device).train()
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
 
@@ -106,12 +112,12 @@ def profile(name: str, batch: int, warmup: int, iters: int) -> dict:
         def pre(_m, _a, lname=lname):
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
-            fwd_events[lname] = [ev]
+            fwd_events.setdefault(lname, []).append([ev])  # a layer may run more than once (an RNN's cells)
 
         def post(_m, _a, _o, lname=lname):
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
-            fwd_events[lname].append(ev)
+            fwd_events[lname][-1].append(ev)
 
         handles.append(module.register_forward_pre_hook(pre))
         handles.append(module.register_forward_hook(post))
@@ -147,9 +153,10 @@ def profile(name: str, batch: int, warmup: int, iters: int) -> dict:
             continue
         forward_total.append(t0.elapsed_time(t1))
         backward_total.append(t1.elapsed_time(t2))
-        for lname, evs in fwd_events.items():
-            if len(evs) == 2:
-                rows[lname]["forward_ms"].append(evs[0].elapsed_time(evs[1]))
+        for lname, calls in fwd_events.items():
+            if all(len(evs) == 2 for evs in calls):
+                rows[lname]["forward_ms"].append(sum(evs[0].elapsed_time(evs[1]) for evs in calls))
+                rows[lname]["calls"] = len(calls)
         for lname, ev in ready_events.items():
             rows[lname]["ready_ms"].append(t1.elapsed_time(ev))
     for h in handles:
@@ -168,6 +175,7 @@ def profile(name: str, batch: int, warmup: int, iters: int) -> dict:
             "parameters": params[lname],
             "forward_ms": round(statistics.median(r["forward_ms"]), 4) if r["forward_ms"] else None,
             "ready_ms": round(statistics.median(r["ready_ms"]), 4) if r["ready_ms"] else None,
+            "calls": r.get("calls", 1),
         })
     in_backward = sorted((row for row in out_rows if row["ready_ms"] is not None), key=lambda row: row["ready_ms"])
     previous = 0.0
@@ -177,6 +185,7 @@ def profile(name: str, batch: int, warmup: int, iters: int) -> dict:
     return {
         "model": name,
         "batch": batch,
+        **({"seq_len": seq_len} if name == "sockeye_rnn" else {}),
         "parameters": sum(p.numel() for p in model.parameters()),
         "step_ms_without_hooks": round(statistics.median(plain), 3),
         "forward_ms": round(statistics.median(forward_total), 3),
@@ -191,6 +200,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--seq-len", type=int, default=20, help="sockeye_rnn: tokens per sentence (source and target)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -208,7 +218,7 @@ def main() -> None:
         "models": [],
     }
     for name in args.models.split(","):
-        p = profile(name, args.batch, args.warmup, args.iters)
+        p = profile(name, args.batch, args.warmup, args.iters, args.seq_len)
         result["models"].append(p)
         print(f"{name:12s} params {p['parameters']:>11,d}  step {p['step_ms_without_hooks']:8.2f} ms  "
               f"forward {p['forward_ms']:7.2f}  backward {p['backward_ms']:7.2f}  layers {len(p['layers'])}")

@@ -94,11 +94,35 @@ def test_a_measured_layer_profile_gives_every_job_the_shares_of_this_repository_
     assert forward[0] == pytest.approx(shares[0][1]) and sum(backward.values()) == pytest.approx(1 - sum(forward))
 
 
+@pytest.mark.parametrize("profile", ["h200-layers-b32.json", "h200-sockeye-rnn-b32-len50.json"])
+def test_the_measured_sockeye_rnn_is_this_repository_s_with_each_token_s_calls_summed(tmp_path, profile):
+    """The H200 profiles of Sockeye's RNN (bench/profile_layers.py --models sockeye_rnn) are of
+    trainers/models.py's SockeyeRNN, layer for layer (16 layers, the same parameters each), and the
+    layers the decoder runs once per token were timed at every call: one call each for the
+    encoder, seq_len calls for the decoder's cells and attention, their forward times summed."""
+    from trainers.models import build_model
+    from trainers.padding import measured_shares, owning_layers
+
+    measured = next(m for m in json.loads((Path(__file__).parents[2] / "profiles" / profile).read_text())["models"]
+                    if m["model"] == "sockeye_rnn")
+    calls = {layer["layer"]: layer["calls"] for layer in measured["layers"]}
+    assert calls["source_embedding"] == calls["encoder_forward"] == calls["output"] == 1
+    assert calls["decoder.0"] == calls["decoder.1"] == calls["attention_query"] == measured["seq_len"]
+    text = P3_SIM.read_text() + f"\nlayer_profile: {{file: {profile}, model: sockeye_rnn}}\n"
+    (tmp_path / "p3.yaml").write_text(text)
+    shares = load_scenario(str(tmp_path / "p3.yaml")).jobs[0].trainer_config["layer_shares"]
+    model = build_model("sockeye_rnn", {}, (measured["seq_len"],), 100, 0)
+    forward, backward = measured_shares(owning_layers(model), shares)  # refuses another model
+    assert len(forward) == 16 and sum(forward) + sum(backward.values()) == pytest.approx(1.0)
+    assert sum(p.numel() for p in model.parameters()) == measured["parameters"]
+
+
 @pytest.mark.parametrize("backend, extra, message", [
     ("sim", "layer_profile: {file: h200-layers-b64.json, model: resnet5}",
      r"p3.yaml: layer_profile.model: 'resnet5' is not in h200-layers-b64.json \(models: resnet50, vgg19"),
     ("sim", "layer_profile: {file: nowhere.json, model: resnet50}",
-     r"p3.yaml: layer_profile.file: 'nowhere.json': no such file \(measured layer profiles: h200-layers-b64.json"),
+     r"p3.yaml: layer_profile.file: 'nowhere.json': no such file \(measured layer profiles: h200-layers-b32.json, "
+     r"h200-layers-b64.json, h200-sockeye-rnn-b32-len50.json\)"),
     ("tun", "layer_profile: {file: h200-layers-b64.json, model: resnet50}",
      r"p3.yaml: layer_profile: on backend tun the shares spread a compute profile's pad"),
 ])

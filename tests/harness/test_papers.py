@@ -516,7 +516,9 @@ def test_diloco_gap_figure_ends_at_the_tables_median_per_seed_gap(run, table, ba
 @pytest.mark.parametrize("runs, table", [
     (["paper-p3-resnet50-layers/20261127-062959", "paper-p3-resnet50-layers-2gbit/20261127-062220"], "p3-layers.csv"),
     (["paper-p3-resnet50/20261126-111028"], "p3-paper.csv"),
-], ids=["measured-layer-shares", "multiply-accumulates"])
+    (["paper-p3-vgg19-layers/20261128-014455", "paper-p3-vgg19-layers-5gbit/20261128-014726"], "p3-vgg19-layers.csv"),
+    ([f"paper-p3-sockeye-c{c}/20261128-015351" for c in ("0.1", "0.3", "0.6")], "p3-sockeye-compute.csv"),
+], ids=["measured-layer-shares", "multiply-accumulates", "vgg19-measured-layer-shares", "sockeye-compute"])
 def test_p3_steps_per_s_are_recomputed_from_the_evidence(runs, table):
     """bench/bench_p3_paper.py on the committed P3 evidence (each job's step records) gives the
     committed CSV's per-job steps/s (the RESULTS P3 tables quote them), and the measured layer
@@ -524,10 +526,10 @@ def test_p3_steps_per_s_are_recomputed_from_the_evidence(runs, table):
     bench = bench_module("bench_p3_paper")
     folder = PAPERS_ROOT / "p3"
     committed = pd.read_csv(folder / table)
-    committed = committed[committed["kind"] == "job"].set_index(["run", "label", "seed"])
+    committed = committed[committed["kind"] == "job"].set_index(["scenario", "run", "label", "seed"])
     for run in runs:
         for row in bench.jobs(folder / run):
-            assert committed.loc[(row["run"], row["label"], row["seed"]), "steps_per_s"] == pytest.approx(
+            assert committed.loc[(row["scenario"], row["run"], row["label"], row["seed"]), "steps_per_s"] == pytest.approx(
                 row["steps_per_s"], rel=1e-12)
         scenario = json.loads((folder / run / "scenario.json").read_text())["spec"]
         assert (scenario.get("layer_profile") is not None) == ("layers" in run)
