@@ -109,7 +109,10 @@ METRICS = {
     "mean_bandwidth_per_node_bit_s": "bits each worker's communication layer sent over its steps' wall time, "
                                      "averaged over the workers (CSV).",
     "peak_bandwidth_per_node_bit_s": "each worker's highest bits sent in one step over that step's time (the "
-                                     "window is one step, not a fixed interval), averaged over the workers (CSV).",
+                                     "window is one step, not a fixed interval), averaged over the workers; "
+                                     "bits count in the step whose call launched them, so an exchange overlapped "
+                                     "with later steps (Streaming DiLoCo's tau) counts whole at its launch: for "
+                                     "those an upper bound on the link's need (CSV).",
     "stand_in_parameters": "the parameters of the model the job stands for (stand_in:, backend sim): "
                            "bytes, bandwidths and compute above are the stand-in's (CSV).",
     "wire_scale": "what every real message was charged times on the simulated network (the stand-in's "
