@@ -23,6 +23,7 @@ import json
 import platform
 import statistics
 import time
+from typing import Optional
 
 import torch
 
@@ -78,6 +79,15 @@ def build(name: str, batch: int, device, seq_len: int = 20):
         tgt = torch.randint(0, 32000, (batch, 50), device=device)
         return model, (src, tgt), lambda out: nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), tgt.reshape(-1))
     raise ValueError(name)
+
+
+def forward_ms_of(calls: list[list]) -> Optional[float]:
+    """One layer's forward time in one step: the sum over its calls (an RNN's decoder cells run
+    once per token) of each call's start-to-end time, from [start, end] event pairs (CUDA events,
+    or anything with ``elapsed_time``); None when a call has no end (its forward hook did not run)."""
+    if not calls or any(len(pair) != 2 for pair in calls):
+        return None
+    return sum(start.elapsed_time(end) for start, end in calls)
 
 
 def profile(name: str, batch: int, warmup: int, iters: int, seq_len: int = 20) -> dict:
@@ -154,8 +164,9 @@ def profile(name: str, batch: int, warmup: int, iters: int, seq_len: int = 20) -
         forward_total.append(t0.elapsed_time(t1))
         backward_total.append(t1.elapsed_time(t2))
         for lname, calls in fwd_events.items():
-            if all(len(evs) == 2 for evs in calls):
-                rows[lname]["forward_ms"].append(sum(evs[0].elapsed_time(evs[1]) for evs in calls))
+            forward_ms = forward_ms_of(calls)
+            if forward_ms is not None:
+                rows[lname]["forward_ms"].append(forward_ms)
                 rows[lname]["calls"] = len(calls)
         for lname, ev in ready_events.items():
             rows[lname]["ready_ms"].append(t1.elapsed_time(ev))

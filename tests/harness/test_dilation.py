@@ -115,6 +115,30 @@ def test_the_measured_sockeye_rnn_is_this_repository_s_with_each_token_s_calls_s
     forward, backward = measured_shares(owning_layers(model), shares)  # refuses another model
     assert len(forward) == 16 and sum(forward) + sum(backward.values()) == pytest.approx(1.0)
     assert sum(p.numel() for p in model.parameters()) == measured["parameters"]
+    # the layers' summed calls fit in the forward pass they were timed in (medians: a small margin)
+    assert sum(layer["forward_ms"] for layer in measured["layers"]) <= 1.02 * measured["forward_ms"]
+
+
+def test_profile_layers_sums_every_call_of_a_layer_and_drops_a_call_without_an_end():
+    """bench/profile_layers.py's forward_ms_of: a layer that runs once per token is charged all its
+    calls, not the last one; a call whose forward hook did not run leaves the step out."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("profile_layers", Path(__file__).parents[2] / "bench" / "profile_layers.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    class At:  # an event recorded at time t (ms), as torch.cuda.Event.elapsed_time reads it
+        def __init__(self, t):
+            self.t = t
+
+        def elapsed_time(self, end):
+            return end.t - self.t
+
+    assert bench.forward_ms_of([[At(0.0), At(2.0)]]) == 2.0
+    assert bench.forward_ms_of([[At(0.0), At(2.0)], [At(5.0), At(8.5)], [At(9.0), At(9.5)]]) == 6.0
+    assert bench.forward_ms_of([[At(0.0), At(2.0)], [At(5.0)]]) is None
+    assert bench.forward_ms_of([]) is None
 
 
 @pytest.mark.parametrize("backend, extra, message", [

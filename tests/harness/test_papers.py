@@ -533,6 +533,12 @@ def test_p3_steps_per_s_are_recomputed_from_the_evidence(runs, table):
                 row["steps_per_s"], rel=1e-12)
         scenario = json.loads((folder / run / "scenario.json").read_text())["spec"]
         assert (scenario.get("layer_profile") is not None) == ("layers" in run)
+        if "-c0." in run:  # the Sockeye compute sweep: each folder ran at the compute its name says
+            assert scenario["sim"]["compute_s"] == float(run.split("/")[0].split("-c")[-1])
+    ran = {(folder / run).parent.name + "/" + job.name for run in runs for job in (folder / run / "jobs").iterdir()}
+    tabled = {f"{scenario}/delay1-{label}-seed{int(seed)}" for scenario, _, label, seed in committed.index
+              if any(run.startswith(scenario + "/") for run in runs)}
+    assert tabled == ran   # the table has every job of these runs and no other
 
 
 def test_whole_split_table_is_of_the_committed_jobs():
