@@ -519,7 +519,8 @@ def test_diloco_gap_figure_ends_at_the_tables_median_per_seed_gap(run, table, ba
     (["paper-p3-resnet50-layers/20261127-062959", "paper-p3-resnet50-layers-2gbit/20261127-062220"], "p3-layers.csv"),
     (["paper-p3-resnet50/20261126-111028"], "p3-paper.csv"),
     (["paper-p3-vgg19-layers/20261128-014455", "paper-p3-vgg19-layers-5gbit/20261128-014726"], "p3-vgg19-layers.csv"),
-    ([f"paper-p3-sockeye-c{c}/20261128-015351" for c in ("0.1", "0.3", "0.6")], "p3-sockeye-compute.csv"),
+    ([f"paper-p3-sockeye-c{c}/20261128-015351" for c in ("0.1", "0.3", "0.6")]
+     + ["paper-p3-sockeye-2gbit-c0.1/20261128-021733", "paper-p3-sockeye-2gbit-c0.3/20261128-021734"], "p3-sockeye-compute.csv"),
 ], ids=["measured-layer-shares", "multiply-accumulates", "vgg19-measured-layer-shares", "sockeye-compute"])
 def test_p3_steps_per_s_are_recomputed_from_the_evidence(runs, table):
     """bench/bench_p3_paper.py on the committed P3 evidence (each job's step records) gives the
