@@ -31,6 +31,16 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason=reason))
 
 
+def bench_module(name: str):
+    """bench/<name>.py loaded as a module (the bench scripts are not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def run_wanbench(*args, check: bool = True, timeout: float = 300):
     """`wanbench ARGS` as a subprocess (python -m harness.cli); AssertionError with its stderr on a
     non-zero exit when `check`."""

@@ -122,11 +122,9 @@ def test_the_measured_sockeye_rnn_is_this_repository_s_with_each_token_s_calls_s
 def test_profile_layers_sums_every_call_of_a_layer_and_drops_a_call_without_an_end():
     """bench/profile_layers.py's forward_ms_of: a layer that runs once per token is charged all its
     calls, not the last one; a call whose forward hook did not run leaves the step out."""
-    import importlib.util
+    from tests.conftest import bench_module
 
-    spec = importlib.util.spec_from_file_location("profile_layers", Path(__file__).parents[2] / "bench" / "profile_layers.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = bench_module("profile_layers")
 
     class At:  # an event recorded at time t (ms), as torch.cuda.Event.elapsed_time reads it
         def __init__(self, t):

@@ -26,6 +26,7 @@ from harness.results import (
 )
 from harness.rundir import JobDir
 from emulator.schema import ConfigError
+from tests.conftest import bench_module
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = PAPERS_ROOT / "table.yaml"
@@ -39,16 +40,6 @@ MAX_TOTAL_BYTES = 9_000_000   # 5 MB until 2026-11-27; raised for the DiLoCo-at-
 # then (to 9) for Streaming DiLoCo's momentum tuning and tau 4 at 0.8 (10 jobs) and P3's VGG-19 and
 # Sockeye runs of 2026-11-28 (23 jobs, rank 0's step records only: 0.14 MB)
 MAX_JOB_BYTES = 50_000
-
-
-def bench_module(name: str):
-    """bench/<name>.py loaded as a module (the bench scripts are not a package)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def table_rows() -> list[dict]:
