@@ -33,7 +33,8 @@ LABELS = {"diloco_loss_vs_tokens": ["localsgd-H50", "avgonce", "diloco-H50-int8-
                                     "streaming-H50-F2-t1-int8-ring-shared", "streaming-H50-F2-t4-int4-shared",
                                     "diloco-H50-int8-ring-shared-om0.8", "streaming-F2-t1-int8-ring-shared-om0.8",
                                     "localsgd-H50-shared", "avgonce-shared", "streaming-H50-F2-t4-int4-shared-om0.8",
-                                    "streaming-F2-t1-int8-ring-shared-om0.95"],
+                                    "streaming-F2-t1-int8-ring-shared-om0.95", "streaming-F2-t1-int8-ring-shared-om0.98",
+                                    "streaming-H50-F2-t4-int4-shared-om0.98"],
           "swarmsgd_time_to_accuracy": ["swarmsgd-out16", "sync-lr0.025", "averages_per_node_median"]}
 
 

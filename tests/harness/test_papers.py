@@ -415,6 +415,9 @@ def test_the_command_writes_evidence_and_refuses_bad_input(tmp_path):
 
 # DiLoCo-family tables of docs/RESULTS.md (sections 14 and 17): (evidence run, committed CSV, baseline);
 # "a+b": run a with its controls run apart in b
+SETTLED = "+".join(f"diloco-lm-b64/{run}" for run in (
+    "20261127-211930-om08", "20261128-014215-tau4-om08", "20261128-023304-om095-streaming",
+    "20261128-054107-om098-streaming", "20261128-063145-tau4-om098-streaming-tau4"))
 DILOCO_TABLES = [
     ("diloco-lm/20261126-215937", "diloco-lm/diloco-lm.csv", "sync"),
     ("diloco-lm-warm/20261127-015446", "diloco-lm-warm/diloco-lm-warm.csv", "sync"),
@@ -436,6 +439,8 @@ DILOCO_TABLES = [
     # Streaming DiLoCo tuned by the same protocol (0.95) and tau 4 int4 at 0.8, against DiLoCo at 0.8
     ("diloco-lm-b64/20261127-211930-om08+diloco-lm-b64/20261128-014215-tau4-om08+diloco-lm-b64/20261128-023304-om095-streaming",
      "diloco-lm-b64/streaming-diloco-lm-b64-tuned.csv", "diloco-H50-int8-ring-shared-om0.8", (1, 2, 3)),
+    # and with the tuning settled: tau 1 at 0.98, tau 4 int4 at its own pick 0.98
+    (SETTLED, "diloco-lm-b64/streaming-diloco-lm-b64-settled.csv", "diloco-H50-int8-ring-shared-om0.8", (1, 2, 3)),
 ]
 
 
@@ -483,7 +488,8 @@ def test_diloco_bench_joins_only_runs_of_one_workload():
      "diloco-lm-b64/diloco-lm-b64-om08.csv", "sync", 2.0),
     ("diloco-lm-b64/20261127-211930-om08", "diloco-lm-b64/streaming-diloco-lm-b64-om08.csv",
      "diloco-H50-int8-ring-shared-om0.8", 1.0),
-], ids=["against-sync", "streaming-against-diloco"])
+    (SETTLED, "diloco-lm-b64/streaming-diloco-lm-b64-settled.csv", "diloco-H50-int8-ring-shared-om0.8", 1.0),
+], ids=["against-sync", "streaming-against-diloco", "streaming-settled"])
 def test_diloco_gap_figure_ends_at_the_tables_median_per_seed_gap(run, table, baseline, goal):
     """bench_diloco_lm --gap-figure from the committed evidence (seeds 1-3): one line per label but the
     baseline, each zero through the shared warm-up and ending at the committed table's median
@@ -621,41 +627,73 @@ def test_swarmsgd_figure_is_drawn_from_the_evidence_with_its_seed_bands(tmp_path
 
 # whole-split CSVs of bench_heldout_full --seeds 1,2,3 (docs/RESULTS.md 15c and 17): (CSV, its runs, jobs)
 # Streaming DiLoCo's outer momentum tuned by DiLoCo's protocol (seed 0, the run's evaluation at the
-# last step), and the run that reports seeds 1-3 at the pick
-STREAMING_MOMENTUM_TUNING = ["20261128-014214-streaming-momentum-edge", "20261127-171814-streaming",
-                             "20261128-023307-momentum098-edge"]
-STREAMING_MOMENTUM_REPORTED = "20261128-023304-om095-streaming"
+# last step; each pick at a grid's top edge checked one step past it), and the runs that report seeds
+# 1-3 at a pick: tau 1 (F 2, int8 over the ring) and tau 4 (F 2, int4 all-gathered)
+TAU1 = (1, 2, "int8", "ring")
+TAU4 = (4, 2, "int4", None)
+STREAMING_MOMENTUM_TUNING = {
+    TAU1: ["20261128-014214-streaming-momentum-edge", "20261127-171814-streaming",
+           "20261128-023307-momentum098-edge", "20261128-054107-momentum099-edge"],
+    TAU4: ["20261128-054109-tau4-momentum-edge", "20261128-063147-tau4-momentum099-edge"],
+}
+# tau 1: the interim pick of the first grid (0.7-0.95), then the settled pick
+STREAMING_MOMENTUM_REPORTED = {TAU1: ["20261128-023304-om095-streaming", "20261128-054107-om098-streaming"],
+                               TAU4: ["20261128-063145-tau4-om098-streaming-tau4"]}
 
 
-def streaming_tau1_momentum(job: Path) -> Optional[float]:
-    """The outer momentum of a Streaming DiLoCo job at tau 1, F 2, int8 over the ring (None otherwise)."""
+def streaming_momentum(job: Path, config: tuple) -> Optional[float]:
+    """The outer momentum of a Streaming DiLoCo job of ``config`` (overlap, fragments, outer precision,
+    outer reduce; None where the job is another configuration)."""
     spec = json.loads((job / "job.json").read_text())
     params = spec["params"]
     if spec["algorithm"] != "streaming_diloco" or (params.get("overlap"), params.get("fragments"),
-                                                   params.get("outer_precision"), params.get("outer_reduce")) != (1, 2, "int8", "ring"):
+                                                   params.get("outer_precision"), params.get("outer_reduce")) != config:
         return None
     return float(params.get("outer_momentum", 0.9))   # StreamingDiLoCoParams' default
 
 
-def test_streaming_diloco_reports_the_pick_of_its_first_grid_and_the_edge_says_it_is_not_settled():
-    """The momentum Streaming DiLoCo reports on seeds 1-3 is the one with the lowest final loss on
-    the tuning seed 0 in the grid it was picked from (0.7-0.95, DiLoCo's); that pick sat at the
-    grid's top, and the committed run one step past it (0.98) is lower still: RESULTS 15c says the
-    tuning is not settled, and this is the evidence it rests on."""
-    folder = PAPERS_ROOT / "diloco-lm-b64"
+def seed0_finals(config: tuple) -> dict:
+    """{outer momentum: the run's evaluation at its last step} of the tuning seed 0's jobs of ``config``."""
     finals = {}
-    for run in STREAMING_MOMENTUM_TUNING:
-        for job in (folder / run / "jobs").iterdir():
-            momentum = streaming_tau1_momentum(job)
+    for run in STREAMING_MOMENTUM_TUNING[config]:
+        for job in (PAPERS_ROOT / "diloco-lm-b64" / run / "jobs").iterdir():
+            momentum = streaming_momentum(job, config)
             if momentum is not None and job.name.endswith("-seed0"):
+                assert momentum not in finals, f"{job}: momentum {momentum} tuned twice"
                 finals[momentum] = json.loads((job / "eval.jsonl").read_text().splitlines()[-1])["loss"]
-    assert sorted(finals) == [0.7, 0.8, 0.9, 0.95, 0.98]
+    return finals
+
+
+def reported_momenta(run: str, config: tuple) -> tuple[set, set]:
+    jobs = list((PAPERS_ROOT / "diloco-lm-b64" / run / "jobs").iterdir())
+    return ({streaming_momentum(job, config) for job in jobs},
+            {int(job.name.rsplit("-seed", 1)[1]) for job in jobs})
+
+
+def test_streaming_diloco_tau1_reports_its_settled_pick_and_its_first_grids_interim_pick():
+    """Tau 1's outer momentum, tuned on seed 0 over DiLoCo's grid (0.7-0.95), picked 0.95, its top;
+    one step past it 0.98 was lower, and one past that 0.99 higher: the pick settles at 0.98,
+    inside the widened grid. Seeds 1-3 were reported at the interim pick and at the settled one
+    (RESULTS 15c)."""
+    finals = seed0_finals(TAU1)
+    assert sorted(finals) == [0.7, 0.8, 0.9, 0.95, 0.98, 0.99]
     first_grid = {momentum: loss for momentum, loss in finals.items() if momentum <= 0.95}
-    pick = min(first_grid, key=first_grid.get)
-    reported = {streaming_tau1_momentum(job) for job in (folder / STREAMING_MOMENTUM_REPORTED / "jobs").iterdir()}
-    seeds = {int(job.name.rsplit("-seed", 1)[1]) for job in (folder / STREAMING_MOMENTUM_REPORTED / "jobs").iterdir()}
-    assert reported == {pick} and seeds == {1, 2, 3}
-    assert pick == max(first_grid) and finals[0.98] < finals[pick]
+    interim, settled = min(first_grid, key=first_grid.get), min(finals, key=finals.get)
+    assert interim == max(first_grid) and settled < max(finals)   # the first at its edge, the second inside
+    assert [reported_momenta(run, TAU1) for run in STREAMING_MOMENTUM_REPORTED[TAU1]] == [
+        ({interim}, {1, 2, 3}), ({settled}, {1, 2, 3})]
+
+
+def test_streaming_diloco_tau4_reports_the_pick_of_its_grid_and_the_edge_says_it_is_not_settled():
+    """Tau 4 int4's outer momentum, tuned on seed 0 by the same protocol (RESULTS 15c): its grid
+    (0.9, 0.95, 0.98) picked 0.98, the top, and seeds 1-3 report it; the edge check one step past
+    it (0.99) came out lower, by less than 0.05 %: RESULTS says the pick is not settled."""
+    finals = seed0_finals(TAU4)
+    assert sorted(finals) == [0.9, 0.95, 0.98, 0.99]
+    grid = {momentum: loss for momentum, loss in finals.items() if momentum <= 0.98}
+    pick = min(grid, key=grid.get)
+    assert [reported_momenta(run, TAU4) for run in STREAMING_MOMENTUM_REPORTED[TAU4]] == [({pick}, {1, 2, 3})]
+    assert pick == max(grid) and finals[0.99] < finals[pick] and finals[pick] / finals[0.99] - 1 < 5e-4
 
 
 HELDOUT_FULL = [
@@ -663,6 +701,8 @@ HELDOUT_FULL = [
     ("heldout-full-om08", ["20261127-061018", "20261127-211930-om08", "20261127-212249-controls-shared"], 18),
     ("heldout-full-streaming-om08", ["20261127-211930-om08"], 6),
     ("heldout-full-streaming-tuned", ["20261127-211930-om08", "20261128-014215-tau4-om08", "20261128-023304-om095-streaming"], 12),
+    ("heldout-full-streaming-settled", ["20261127-211930-om08", "20261128-014215-tau4-om08", "20261128-023304-om095-streaming",
+                                        "20261128-054107-om098-streaming", "20261128-063145-tau4-om098-streaming-tau4"], 18),
 ]
 
 
