@@ -326,7 +326,7 @@ for name, table in tables.items():
                      "DiLoCo from that warm start within 1 % of that DiLoCo, +0.5 % on the whole split; at DiLoCo's "
                      "tuned outer momentum 0.8 DiLoCo is +1.44 % on the whole split and Streaming DiLoCo +0.99 % "
                      "behind it, on the line; tuned by the same protocol Streaming DiLoCo is +0.65 % (tau 1, 0.98) and +0.73 % "
-                     "(tau 4 int4, 0.98) behind it on the whole split). "
+                     "(tau 4 int4, an interim 0.98) behind it on the whole split, seed 2 on the line). "
                      "Against time (right) the local methods finish long before sync. DiLoCo below local "
                      "SGD shows its outer optimizer helping: at 16 sequences per node (cold and warm starts) it "
                      "is above; at 64 sequences per node it is below in every seed (the controls from their own "
