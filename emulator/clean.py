@@ -5,7 +5,8 @@ holder script and our state folder; ending one ends every process of its node), 
 `<prefix>-*` (and the processes inside them, which only we start there), host links `<prefix>*`, our
 background processes (identified by their command line naming our state folder), the harness's
 host helpers (the off-wire evaluator, a sim job's process: by the PID files emulator/helpers.py
-keeps under our state folder, each checked to be the very process recorded), cgroups
+keeps under our state folder, each checked to be the very process recorded, and only once the run
+that started it has ended: a live run's helper is no leftover), cgroups
 `<prefix>-*` (cpu, memory, pids), /etc/netns/<prefix>-* and the run state. Mounts need nothing: a
 node's exist only in its mount namespace, gone with its last process. It never kills by a broad
 process name.
@@ -13,16 +14,20 @@ process name.
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import shutil
 from pathlib import Path
 
 from pyroute2 import IPRoute
 
 from . import cgroups, netns, nodes
-from .helpers import is_recorded_helper, leftover_helpers
+from .helpers import HELPERS_FOLDER, is_recorded_helper, leftover_helpers, owner_of
 from .backends.base import Backend, clear_state
 from .processes import stop_pids
+
+log = logging.getLogger(__name__)
 
 CGROUP_ROOTS = [Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup/cpu,cpuacct"), Path("/sys/fs/cgroup/memory"),
                 Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup")]
@@ -44,6 +49,27 @@ def our_background_pids(prefix: str) -> list[int]:
     return pids
 
 
+def leftover_prefixes(pattern: re.Pattern) -> list[str]:
+    """Prefixes matching `pattern` (whole) under which something of ours is still on the system.
+
+    Looks where `clean` removes: named namespaces and /etc/netns folders `<prefix>-*`, cgroups
+    `<prefix>-*`, state folders `<state root>/<prefix>` (node holders and background processes name
+    theirs, so a live one keeps its folder). Host links are not read: their names carry the prefix
+    with no separator, so a prefix cannot be told from the rest of the name.
+    """
+    names: set[str] = set(netns.all_namespaces())
+    if netns.NETNS_ETC_DIR.is_dir():
+        names.update(entry.name for entry in netns.NETNS_ETC_DIR.iterdir())
+    for root in CGROUP_ROOTS:
+        if root.is_dir():
+            names.update(entry.name for entry in root.iterdir() if entry.is_dir())
+    found = {name.split("-", 1)[0] for name in names if "-" in name}
+    state_root = Backend.state_dir("x").parent
+    if state_root.is_dir():
+        found.update(entry.name for entry in state_root.iterdir() if entry.is_dir())
+    return sorted(name for name in found if pattern.fullmatch(name))
+
+
 def clean(prefix: str) -> list[str]:
     """Remove every object with `prefix`; return what was removed (empty when nothing was left)."""
     removed: list[str] = []
@@ -56,7 +82,13 @@ def clean(prefix: str) -> list[str]:
     if holders or inside or background:
         stop_pids(holders + inside + background)
         removed += [f"process {pid}" for pid in holders + inside + background]
-    helpers = leftover_helpers(prefix)
+    recorded = leftover_helpers(prefix)
+    owners = {pid: owner_of(prefix, pid) for pid in recorded}
+    helpers = [pid for pid in recorded if owners[pid] is None]
+    for pid in recorded:
+        if owners[pid] is not None:
+            log.warning("left alone: process %d, a helper of run process %d, which still runs (end that run first)",
+                        pid, owners[pid])
     if helpers:
         stop_pids(helpers, is_ours=is_recorded_helper(prefix))
         removed += [f"process {pid} (a run's helper)" for pid in helpers]
@@ -86,6 +118,14 @@ def clean(prefix: str) -> list[str]:
                     pass
     clear_state(prefix)
     folder = Backend.state_dir(prefix)
-    # Logs and counters of networks that are gone: files, not system objects, so not counted.
-    shutil.rmtree(folder, ignore_errors=True)
+    # Logs and counters of networks that are gone: files, not system objects, so not counted. A
+    # live run's helper records stay, for a `clean` after that run has ended.
+    if len(recorded) == len(helpers):
+        shutil.rmtree(folder, ignore_errors=True)
+    elif folder.is_dir():
+        for entry in folder.iterdir():
+            if entry.is_dir() and entry.name != HELPERS_FOLDER:
+                shutil.rmtree(entry, ignore_errors=True)
+            elif not entry.is_dir():
+                entry.unlink(missing_ok=True)
     return removed

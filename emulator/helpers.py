@@ -5,8 +5,10 @@ A helper runs in a session of its own (a Ctrl-C in the terminal reaches only the
 ends it in order), so a SIGKILL of the harness's process group does not reach it. Two things end
 it then: it dies with the harness (`die_with_parent`, PR_SET_PDEATHSIG; the evaluator also watches
 its parent itself), and `clean` finds it here, under the prefix's state folder
-(`<state>/<prefix>/helpers/<pid>.json`: PID, the kernel's start time, command line) and ends it by
-PID after checking that the PID is still that process (PIDs get reused). Never by a name.
+(`<state>/<prefix>/helpers/<pid>.json`: PID, the kernel's start time, command line, and the same
+PID and start time of the harness that started it) and ends it by PID after checking that the PID
+is still that process (PIDs get reused). Never by a name. A helper whose harness still runs is not
+a leftover: `clean` leaves it alone (ending it failed that run's job).
 """
 
 from __future__ import annotations
@@ -40,16 +42,20 @@ def start_ticks(pid: int) -> Optional[int]:
     return int(stat.rsplit(")", 1)[1].split()[19])
 
 
-def register(prefix: str, pid: int, argv: list[str]) -> Optional[Path]:
-    """Record helper `pid` (started with `argv`) for `clean`; its file, or None where the state
-    folder cannot be written (a run without root: nothing else of ours is there for clean either)."""
+def register(prefix: str, pid: int, argv: list[str], owner: Optional[int] = None) -> Optional[Path]:
+    """Record helper `pid` (started with `argv` by process `owner`, default this one) for `clean`;
+    its file, or None where the state folder cannot be written (a run without root: nothing else of
+    ours is there for clean either)."""
     ticks = start_ticks(pid)
+    owner = os.getpid() if owner is None else owner
+    owner_ticks = start_ticks(owner)
     if ticks is None:
         return None
     path = helpers_dir(prefix) / f"{pid}.json"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(path, {"pid": pid, "start_ticks": ticks, "argv": [str(a) for a in argv]})
+        write_json_atomic(path, {"pid": pid, "start_ticks": ticks, "argv": [str(a) for a in argv],
+                                 "owner_pid": owner, "owner_start_ticks": owner_ticks})
     except OSError:
         return None
     return path
@@ -78,6 +84,17 @@ def leftover_helpers(prefix: str) -> list[int]:
         else:
             path.unlink(missing_ok=True)
     return pids
+
+
+def owner_of(prefix: str, pid: int) -> Optional[int]:
+    """The PID of the harness that started recorded helper `pid`, if it still runs as the process
+    recorded; None when it is gone (the helper is a leftover) or was not recorded."""
+    try:
+        record = json.loads((helpers_dir(prefix) / f"{pid}.json").read_text())
+        owner, ticks = int(record["owner_pid"]), record["owner_start_ticks"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return owner if ticks is not None and start_ticks(owner) == ticks else None
 
 
 def is_recorded_helper(prefix: str):

@@ -139,9 +139,14 @@ def create_nodes(plan: Plan) -> None:
     nodes.start(plan)
 
 
+def all_namespaces() -> list[str]:
+    """Every named namespace on the system (/run/netns), ours or not."""
+    return sorted(netns.listnetns())
+
+
 def list_namespaces(prefix: str) -> list[str]:
     """Named namespaces that carry our prefix."""
-    return sorted(name for name in netns.listnetns() if name.startswith(prefix + "-"))
+    return [name for name in all_namespaces() if name.startswith(prefix + "-")]
 
 
 def remove_namespace(name: str) -> None:

@@ -26,6 +26,9 @@ if TYPE_CHECKING:  # plan.py is imported by the delay line, which must not pay f
 # Tests and parallel CI jobs may pick their own with WANBENCH_PREFIX so they never touch each other.
 DEFAULT_PREFIX = "wanb"
 PREFIX_PATTERN = re.compile(r"^[a-z][a-z0-9]{1,5}$")
+# The prefixes the test suite draws, one per test ("wt" + 4 hex digits); `wanbench clean
+# --test-prefixes` sweeps what an interrupted test run left under them.
+TEST_PREFIX_PATTERN = re.compile(r"^wt[0-9a-f]{4}$")
 
 # The delay line and TCP need room for a full bandwidth-delay product; below this a queue cannot
 # even absorb one TSO burst (64 KB segments) per flow.

@@ -21,7 +21,7 @@ from emulator import clean as clean_mod
 from emulator.backends import REGISTRY, BackendUnavailable, choose_backend, read_state
 from emulator.dilation import check_time_dilation
 from emulator.netns import SystemCheckError, check_root, exec_argv
-from emulator.plan import Plan, make_plan, prefix
+from emulator.plan import TEST_PREFIX_PATTERN, Plan, checked_prefix, make_plan, prefix
 from emulator.schema import ConfigError
 from emulator.units import UnitError, parse_rate_bit_s
 from emulator.visibility import path_with_venv_first
@@ -405,7 +405,14 @@ def cmd_status(args) -> int:
 def cmd_clean(args) -> int:
     from .paths import RUNS_ROOT
     from .run import remove_orphaned_partials
-    removed = clean_mod.clean(prefix())
+    prefixes = [checked_prefix(value, "--prefix", "command line") for value in args.prefix or []]
+    if args.test_prefixes:
+        found = clean_mod.leftover_prefixes(TEST_PREFIX_PATTERN)
+        stderr_console().print(f"clean: test prefixes with leftovers: {', '.join(found) if found else 'none'}")
+        prefixes += found
+    removed = []
+    for value in dict.fromkeys(prefixes or [prefix()]):
+        removed += clean_mod.clean(value)
     runs_root = Path(args.output) if args.output else RUNS_ROOT
     removed += [f"run folder {path}" for path in remove_orphaned_partials(runs_root)]
     stderr_console().print(f"clean: removed {len(removed)} object(s)" + (": " + ", ".join(removed) if removed else ""))
@@ -602,6 +609,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("clean", help="remove anything with our prefix that a crash left behind")
+    p.add_argument("--prefix", action="append", metavar="PREFIX",
+                   help="clean this prefix instead of WANBENCH_PREFIX's (repeatable)")
+    p.add_argument("--test-prefixes", action="store_true",
+                   help="also clean every test-suite prefix (wt + 4 hex digits) that still has leftovers; "
+                        "only when no test run is going on")
     p.add_argument("--output", help="runs folder whose orphaned hidden run folders to remove (default results/runs)")
     p.set_defaults(func=cmd_clean)
     return parser

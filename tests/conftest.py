@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from emulator.plan import TEST_PREFIX_PATTERN
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -93,6 +95,7 @@ def torch_threads_kept():
 def test_prefix(monkeypatch):
     """A prefix of our own, so a test never touches a user's network or a parallel test's."""
     value = "wt" + uuid.uuid4().hex[:4]
+    assert TEST_PREFIX_PATTERN.fullmatch(value)  # what `wanbench clean --test-prefixes` sweeps
     monkeypatch.setenv("WANBENCH_PREFIX", value)
     yield value
     from emulator.clean import clean

@@ -390,8 +390,11 @@ def test_clean_ends_a_recorded_helper_and_only_the_process_recorded(test_prefix,
     monkeypatch.setattr("emulator.backends.base.STATE_ROOT", tmp_path / "state")
     helper = subprocess.Popen(["sleep", "300"], start_new_session=True)
     other = subprocess.Popen(["sleep", "301"], start_new_session=True)
+    harness = subprocess.Popen(["sleep", "302"])  # the run that started the helper, then killed
     try:
-        assert helpers.register(test_prefix, helper.pid, helper.args) is not None
+        assert helpers.register(test_prefix, helper.pid, helper.args, owner=harness.pid) is not None
+        harness.kill()
+        harness.wait(timeout=10)
         # a PID file whose process is not the one recorded (a reused PID): left alone
         stale = helpers.register(test_prefix, other.pid, other.args)
         record = json.loads(stale.read_text())
@@ -403,7 +406,7 @@ def test_clean_ends_a_recorded_helper_and_only_the_process_recorded(test_prefix,
         assert other.poll() is None
         assert clean(test_prefix) == []  # idempotent
     finally:
-        for proc in (helper, other):
+        for proc in (helper, other, harness):
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
