@@ -1041,6 +1041,65 @@ def _check_start_offsets(scenario: Scenario) -> None:
                                   f"(nodes: {', '.join(sorted(names))})", source=source)
 
 
+# `extends: base.yaml`: a scenario file that is another one with a few fields changed.
+EXTENDS_KEY = "extends"
+MAX_EXTENDS_DEPTH = 8
+NOT_INHERITED = ("name",)  # a file's runs are filed under its own name (or its file's stem)
+
+
+def merged_document(base: dict, child: dict) -> dict:
+    """`child` over `base`: mappings merge key by key, at every depth; null removes the base's key
+    (its default applies); any other value of the child (a list such as `algorithms` or `seeds`, a
+    number, a string) replaces the base's."""
+    merged = copy.deepcopy(base)
+    for key, value in child.items():
+        if value is None:
+            merged.pop(key, None)
+        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merged_document(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def scenario_document(path) -> tuple[dict, list[Path]]:
+    """A scenario file's mapping with its `extends:` chain resolved (the file's own fields over its
+    base's, recursively; `name` is never inherited). A base must lie in the same folder, so that
+    the relative paths it holds (topology, compute profile, command) mean what they mean there.
+    ConfigError names the file and `extends` for a base that is missing, elsewhere or a cycle.
+    Returns the mapping and the bases read, nearest first."""
+    chain = [Path(path)]
+    documents = [load_yaml_mapping(path)]
+    while EXTENDS_KEY in documents[-1]:
+        value, source = documents[-1][EXTENDS_KEY], str(chain[-1])
+        if not isinstance(value, str) or not value.endswith((".yaml", ".yml")) or Path(value).name != value:
+            raise ConfigError(EXTENDS_KEY, f"{value!r}: name a scenario file (.yaml) in the same folder, without "
+                              "a folder", source=source)
+        base = chain[-1].parent / value
+        if base.resolve() in [p.resolve() for p in chain]:
+            raise ConfigError(EXTENDS_KEY, "a cycle: " + " -> ".join(p.name for p in [*chain, base]), source=source)
+        if len(chain) > MAX_EXTENDS_DEPTH:
+            raise ConfigError(EXTENDS_KEY, f"more than {MAX_EXTENDS_DEPTH} files deep", source=str(path))
+        if not base.is_file():
+            raise ConfigError(EXTENDS_KEY, f"{value}: no such file in {chain[-1].parent}", source=source)
+        chain.append(base)
+        documents.append(load_yaml_mapping(base))
+    merged: dict = {}
+    for depth, document in enumerate(reversed(documents)):
+        own = {k: v for k, v in document.items() if k != EXTENDS_KEY}
+        if depth < len(documents) - 1:  # a base's: its name stays its own
+            own = {k: v for k, v in own.items() if k not in NOT_INHERITED}
+        merged = merged_document(merged, own)
+    return merged, chain[1:]
+
+
 def load_scenario(path) -> Scenario:
-    """Read and validate a scenario file; ConfigError names the file and the field."""
-    return scenario_from_dict(load_yaml_mapping(path), str(path))
+    """Read and validate a scenario file (its `extends:` bases resolved first); ConfigError names
+    the file and the field (and the bases the field may have come from)."""
+    document, bases = scenario_document(path)
+    try:
+        return scenario_from_dict(document, str(path))
+    except ConfigError as exc:
+        if not bases or exc.source != str(path):
+            raise
+        raise ConfigError(exc.field, exc.message, f"{path} (extends {' -> '.join(b.name for b in bases)})") from None

@@ -150,3 +150,85 @@ def test_a_scenario_s_nic_replaces_the_topology_s_on_every_node(write_yaml):
         with pytest.raises(ConfigError) as info:
             load_scenario(write_yaml(SCENARIO + bad + "\n", "b.yaml"))
         assert f"b.yaml: {field}" in str(info.value) and "\n" not in str(info.value), str(info.value)
+
+
+CHILD = """
+extends: base.yaml
+workload: {lr: 0.3, optimizer: {momentum: 0.5}}
+algorithms: [{name: sync}, {name: local_sgd, label: local, params: {H: 8}}]
+sweep: {workload: null}
+seeds: [1, 2]
+"""
+CHILD_SPELLED_OUT = """
+topology: lan.yaml
+workload:
+  model: {name: mlp}
+  dataset: {name: digits}
+  lr: 0.3
+  optimizer: {name: sgd, momentum: 0.5}
+algorithms: [{name: sync}, {name: local_sgd, label: local, params: {H: 8}}]
+seeds: [1, 2]
+"""
+
+
+def test_a_scenario_that_extends_another_is_the_same_as_one_spelled_out(write_yaml):
+    """`extends:` (harness/scenario.py scenario_document): mappings merge at every depth, lists and
+    numbers replace, null removes, and the base's name is not inherited."""
+    write_yaml("name: the-base\n" + SCENARIO, "base.yaml")
+    child = load_scenario(write_yaml(CHILD, "child.yaml"))
+    spelled = load_scenario(write_yaml(CHILD_SPELLED_OUT, "spelled.yaml"))
+    assert child.name == "child" and spelled.name == "spelled"
+    assert [(j.label, j.seed) for j in child.jobs] == [("sync", 1), ("sync", 2), ("local", 1), ("local", 2)]
+    assert [j.trainer_config for j in child.jobs] == [j.trainer_config for j in spelled.jobs]
+    assert child.jobs[0].trainer_config["optimizer"] == {"name": "sgd", "momentum": 0.5}  # name kept from the base
+    assert child.spec.model_dump() == spelled.spec.model_dump()  # what the run folder's scenario.json records
+    # two levels: a grandchild changes one number of the child's
+    grandchild = load_scenario(write_yaml("extends: child.yaml\nworkload: {lr: 0.4}\n", "grandchild.yaml"))
+    assert [j.trainer_config["lr"] for j in grandchild.jobs] == [0.4] * 4
+    assert grandchild.jobs[0].trainer_config["optimizer"]["momentum"] == 0.5
+
+
+@pytest.mark.parametrize("files, message", [
+    ({"a.yaml": "extends: missing.yaml\n"}, "a.yaml: extends: missing.yaml: no such file in"),
+    ({"a.yaml": "extends: b.yaml\n", "b.yaml": "extends: a.yaml\n"}, "a cycle: a.yaml -> b.yaml -> a.yaml"),
+    ({"a.yaml": "extends: ../b.yaml\n"}, "a.yaml: extends: '../b.yaml': name a scenario file (.yaml) in the same folder"),
+    ({"a.yaml": "extends: [b.yaml]\n"}, "a.yaml: extends: ['b.yaml']: name a scenario file"),
+])
+def test_a_bad_extends_is_one_line_naming_the_file_and_the_field(write_yaml, files, message):
+    paths = [write_yaml(text, name) for name, text in files.items()]
+    with pytest.raises(ConfigError) as info:
+        load_scenario(paths[0])
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_mistake_inherited_from_a_base_names_the_base_too(write_yaml):
+    write_yaml(SCENARIO.replace("lr: 0.1", "lr: -1"), "base.yaml")
+    with pytest.raises(ConfigError) as info:
+        load_scenario(write_yaml("extends: base.yaml\n", "child.yaml"))
+    assert "child.yaml (extends base.yaml): workload.lr" in str(info.value)
+
+
+def _evidence_of_extending_scenarios():
+    found = []
+    for record in sorted((PROJECT_ROOT / "results").rglob("scenario.json")):
+        source = json.loads(record.read_text()).get("source_file") or ""
+        path = PROJECT_ROOT / source
+        if source and path.is_file() and "extends:" in path.read_text():
+            found.append(record)
+    return found
+
+
+@pytest.mark.parametrize("record", _evidence_of_extending_scenarios(), ids=lambda p: p.parent.name)
+def test_a_shipped_scenario_that_extends_a_base_is_what_its_committed_run_was_made_with(record):
+    """The Streaming DiLoCo family was rewritten as `extends:` of one base after its runs: each
+    file resolves to the very scenario its committed evidence recorded (scenario.json's spec)."""
+    from harness.run import scenario_record
+
+    saved = json.loads(record.read_text())
+    scenario = load_scenario(PROJECT_ROOT / saved["source_file"])
+    assert json.loads(json.dumps(scenario_record(scenario)["spec"], default=str)) == saved["spec"]
+    assert [(job["label"], job["seed"]) for job in saved["jobs"]] == [(j.label, j.seed) for j in scenario.jobs]
+
+
+def test_some_shipped_scenarios_extend_a_base():
+    assert len(_evidence_of_extending_scenarios()) >= 10
