@@ -23,6 +23,24 @@ def cpu_model() -> str:
     return ""
 
 
+def cpu_id() -> str:
+    """"family F model M stepping S" from /proc/cpuinfo ("" when unreadable): a VM's model name can
+    be generic ("AMD EPYC") while two generations round floats differently, so that one seed's
+    training is bit-identical only on one of them."""
+    fields = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("cpu family", "model", "stepping") and key.strip() not in fields:
+                fields[key.strip()] = value.strip()
+            if not line.strip() and fields:
+                break
+    except OSError:
+        return ""
+    return " ".join(f"{name} {fields[key]}" for key, name in (("cpu family", "family"), ("model", "model"),
+                                                                ("stepping", "stepping")) if key in fields)
+
+
 def _git(*args: str) -> str:
     try:
         return subprocess.run(["git", *args], cwd=PROJECT_ROOT, capture_output=True, text=True,
@@ -60,6 +78,9 @@ def environment(backend: Optional[str] = None, **extra) -> dict:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cpu": cpu_model(),
+        "cpu_id": cpu_id(),
+        # the vector kernels torch picked (AVX2, AVX512, ...): floats differ between them
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpu_count": os.cpu_count(),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "git_commit": _git("rev-parse", "HEAD"),
