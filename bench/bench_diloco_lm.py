@@ -384,7 +384,10 @@ def main(argv=None) -> int:
             print(f"\n{r['label']}: at its warm-up's last evaluation {r['gap_pct_at_warmup_end']:+.2f} % vs {base} "
                   f"(median per seed); largest held-out difference from {base} inside the warm-up "
                   f"{r['warmup_max_abs_diff']:.3g} nats" + (" (the warm-up is the baseline's own first steps)"
-                                                            if r["warmup_max_abs_diff"] == 0 else ""))
+                                                            if r["warmup_max_abs_diff"] == 0 else
+                                                            " (not the baseline's own first steps: where both are "
+                                                            "sync's, another machine; the per-seed gaps are not "
+                                                            "paired; environment.json's cpu_id says)"))
     print_tuning(tuning)
     diloco = table[table["algorithm"] == "diloco"] if base == BASELINE else table.iloc[0:0]
     for _, r in table[(table["algorithm"] == "sparseloco") & (base != BASELINE)].iterrows():

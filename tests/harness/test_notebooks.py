@@ -23,8 +23,9 @@ DEFAULTS = {
     "swarmsgd_time_to_accuracy": (["results/papers/swarmsgd-fmnist16/"], 5),
     "eawild_async_vs_sync": ([f"results/papers/eawild-sweep/{run}" for run in (
         "20261126-182918", "20261126-184521", "20261126-185917", "20261126-185842", "20261126-185844")], 2),
+    # DiLoCo: one figure per folder's main run, and one for the runs made again on a second VM (-rerun)
     "diloco_loss_vs_tokens": (["results/papers/diloco-lm/", "results/papers/diloco-lm-warm/",
-                               "results/papers/diloco-lm-b64/"], 3),
+                               "results/papers/diloco-lm-b64/"], 4),
 }
 NAMES = list(DEFAULTS)
 # labels a notebook's tables must show from its default folders: runs made apart from a main run
@@ -34,7 +35,7 @@ LABELS = {"diloco_loss_vs_tokens": ["localsgd-H50", "avgonce", "diloco-H50-int8-
                                     "diloco-H50-int8-ring-shared-om0.8", "streaming-F2-t1-int8-ring-shared-om0.8",
                                     "localsgd-H50-shared", "avgonce-shared", "streaming-H50-F2-t4-int4-shared-om0.8",
                                     "streaming-F2-t1-int8-ring-shared-om0.95", "streaming-F2-t1-int8-ring-shared-om0.98",
-                                    "streaming-H50-F2-t4-int4-shared-om0.98"],
+                                    "streaming-H50-F2-t4-int4-shared-om0.98", "streaming-H50-F2-t4-int4-shared-om0.99"],
           "swarmsgd_time_to_accuracy": ["swarmsgd-out16", "sync-lr0.025", "averages_per_node_median"]}
 
 
