@@ -338,7 +338,7 @@ for name, table in tables.items():
                      "behind it, on the line; tuned by the same protocol Streaming DiLoCo is +0.65 % (tau 1, 0.98) and +0.73 % "
                      "(tau 4 int4, an interim 0.98) behind it on the whole split, seed 2 on the line; tau 4 settled at 0.99 "
                      "on a second VM, drawn apart with DiLoCo run again there (the `-rerun` folders: that VM's "
-                     "warm start differs): +0.72 % on the whole split, +1.03 % on the runs' 500 sequences). "
+                     "warm start differs): six seeds, +0.74 % on the whole split, +0.93 % on the runs' 500 sequences). "
                      "Against time (right) the local methods finish long before sync. DiLoCo below local "
                      "SGD shows its outer optimizer helping: at 16 sequences per node (cold and warm starts) it "
                      "is above; at 64 sequences per node it is below in every seed (the controls from their own "
