@@ -24,6 +24,7 @@ from pyroute2 import IPRoute
 
 from . import cgroups, netns, nodes
 from .helpers import HELPERS_FOLDER, is_recorded_helper, leftover_helpers, owner_of
+from .backends import base as backends_base
 from .backends.base import Backend, clear_state
 from .processes import stop_pids
 
@@ -64,9 +65,8 @@ def leftover_prefixes(pattern: re.Pattern) -> list[str]:
         if root.is_dir():
             names.update(entry.name for entry in root.iterdir() if entry.is_dir())
     found = {name.split("-", 1)[0] for name in names if "-" in name}
-    state_root = Backend.state_dir("x").parent
-    if state_root.is_dir():
-        found.update(entry.name for entry in state_root.iterdir() if entry.is_dir())
+    if backends_base.STATE_ROOT.is_dir():
+        found.update(entry.name for entry in backends_base.STATE_ROOT.iterdir() if entry.is_dir())
     return sorted(name for name in found if pattern.fullmatch(name))
 
 
@@ -82,13 +82,12 @@ def clean(prefix: str) -> list[str]:
     if holders or inside or background:
         stop_pids(holders + inside + background)
         removed += [f"process {pid}" for pid in holders + inside + background]
-    recorded = leftover_helpers(prefix)
-    owners = {pid: owner_of(prefix, pid) for pid in recorded}
-    helpers = [pid for pid in recorded if owners[pid] is None]
-    for pid in recorded:
-        if owners[pid] is not None:
-            log.warning("left alone: process %d, a helper of run process %d, which still runs (end that run first)",
-                        pid, owners[pid])
+    owners = {pid: owner_of(prefix, pid) for pid in leftover_helpers(prefix)}
+    live = {pid: owner for pid, owner in owners.items() if owner is not None}
+    helpers = [pid for pid in owners if pid not in live]
+    for pid, owner in live.items():
+        log.warning("left alone: process %d, a helper of run process %d, which still runs (end that run first)",
+                    pid, owner)
     if helpers:
         stop_pids(helpers, is_ours=is_recorded_helper(prefix))
         removed += [f"process {pid} (a run's helper)" for pid in helpers]
@@ -120,12 +119,11 @@ def clean(prefix: str) -> list[str]:
     folder = Backend.state_dir(prefix)
     # Logs and counters of networks that are gone: files, not system objects, so not counted. A
     # live run's helper records stay, for a `clean` after that run has ended.
-    if len(recorded) == len(helpers):
-        shutil.rmtree(folder, ignore_errors=True)
-    elif folder.is_dir():
-        for entry in folder.iterdir():
-            if entry.is_dir() and entry.name != HELPERS_FOLDER:
-                shutil.rmtree(entry, ignore_errors=True)
-            elif not entry.is_dir():
-                entry.unlink(missing_ok=True)
+    for entry in (folder.iterdir() if live and folder.is_dir() else [folder]):
+        if entry.name == HELPERS_FOLDER and live:
+            continue
+        if entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
     return removed

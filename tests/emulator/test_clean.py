@@ -1,6 +1,7 @@
 """`wanbench clean` (emulator/clean.py): what it removes, what it must leave alone, and which
 prefixes it can find leftovers under."""
 
+import re
 import subprocess
 import sys
 import time
@@ -50,7 +51,13 @@ def test_leftover_prefixes_finds_a_test_prefixs_namespace_and_state_folder_and_c
     subprocess.run(["ip", "netns", "add", namespace], check=True)
     try:
         assert test_prefix in clean.leftover_prefixes(TEST_PREFIX_PATTERN)
-        assert "wanb" not in clean.leftover_prefixes(TEST_PREFIX_PATTERN)
+        other = "wz" + test_prefix[2:]   # another prefix's leftovers are not a test prefix's
+        Backend.state_dir(other).mkdir(parents=True)
+        try:
+            assert other not in clean.leftover_prefixes(TEST_PREFIX_PATTERN)
+            assert other in clean.leftover_prefixes(re.compile(r"wz[0-9a-f]{4}"))
+        finally:
+            Backend.state_dir(other).rmdir()
         assert clean.clean(test_prefix) == [f"namespace {namespace}"]
         assert namespace not in netns.all_namespaces()
         assert test_prefix not in clean.leftover_prefixes(TEST_PREFIX_PATTERN)
