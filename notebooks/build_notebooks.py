@@ -309,17 +309,17 @@ for run in run_dirs:
         named = [m for m in main_runs if run.name.startswith(m.name + "-")]
         if named or len(main_runs) == 1:
             companions_of.setdefault((named or main_runs)[0], []).append(run)
-for run_dir in mains:   # exploratory seed-0 runs and grid-edge checks are not drawn
-    companions = companions_of.get(run_dir, [])
-    rows = diloco.rows_of_runs([run_dir, *companions]) if companions else diloco.rows_of(run_dir)
+def draw(runs):
+    """One figure of `runs` joined (a run and its companions), and their reported rows."""
+    rows = diloco.rows_of_runs(runs) if len(runs) > 1 else diloco.rows_of(runs[0])
     reported = rows[rows["phase"].fillna("reported") == "reported"] if "phase" in rows else rows
     show(diloco.figure(reported))
-    tables[run_dir.name] = diloco.label_table(reported)
+    return reported
+for run_dir in mains:   # exploratory seed-0 runs and grid-edge checks are not drawn
+    tables[run_dir.name] = diloco.label_table(draw([run_dir, *companions_of.get(run_dir, [])]))
 for folder in sorted({run.parent for run in run_dirs if run.name.endswith(RERUN)}):
     reruns = sorted(run for run in run_dirs if run.parent == folder and run.name.endswith(RERUN))
-    rows = diloco.rows_of_runs(reruns) if len(reruns) > 1 else diloco.rows_of(reruns[0])
-    reported = rows[rows["phase"].fillna("reported") == "reported"] if "phase" in rows else rows
-    show(diloco.figure(reported))
+    reported = draw(reruns)
     baseline = reported.loc[reported["algorithm"] == "diloco", "label"]   # against DiLoCo, run again beside
     tables[" + ".join(run.name for run in reruns)] = diloco.label_table(
         reported, baseline.iloc[0] if len(baseline) else diloco.BASELINE)''',
