@@ -232,3 +232,14 @@ def test_a_shipped_scenario_that_extends_a_base_is_what_its_committed_run_was_ma
 
 def test_some_shipped_scenarios_extend_a_base():
     assert len(_evidence_of_extending_scenarios()) >= 10
+
+
+def test_an_extends_chain_deeper_than_the_limit_is_refused(write_yaml):
+    from harness.scenario import MAX_EXTENDS_DEPTH
+
+    write_yaml(SCENARIO, "s0.yaml")
+    for depth in range(1, MAX_EXTENDS_DEPTH + 2):
+        write_yaml(f"extends: s{depth - 1}.yaml\n", f"s{depth}.yaml")
+    assert load_scenario(write_yaml(f"extends: s{MAX_EXTENDS_DEPTH - 1}.yaml\n", "ok.yaml")).jobs
+    with pytest.raises(ConfigError, match=f"deep.yaml: extends: more than {MAX_EXTENDS_DEPTH} files deep"):
+        load_scenario(write_yaml(f"extends: s{MAX_EXTENDS_DEPTH + 1}.yaml\n", "deep.yaml"))
