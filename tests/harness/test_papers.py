@@ -822,3 +822,15 @@ def test_whole_split_tables_are_of_their_committed_jobs_seeds_1_to_3(table, runs
     medians = pd.read_csv(folder / f"{table}.csv").set_index("label")
     for label, group in jobs.groupby("label"):
         assert medians.loc[label, "loss_full"] == pytest.approx(group["loss_full"].median())
+
+def test_results_15c_quotes_the_first_vms_controls_from_their_csv():
+    """The six-seed subsection sets Streaming's gap beside the controls' of the first VM: those
+    numbers are heldout-full-om08.csv's medians and their gaps to DiLoCo at 0.8."""
+    text = (ROOT / "docs" / "RESULTS.md").read_text()
+    section = text[text.index("#### Seeds 1-6 on the second VM"):text.index("## 16. Sim jobs at once")]
+    full = pd.read_csv(PAPERS_ROOT / "diloco-lm-b64" / "heldout-full-om08.csv").set_index("label")["loss_full"]
+    diloco = full["diloco-H50-int8-ring-shared-om0.8"]
+    local, apart = full["localsgd-H50-shared"], full["avgonce-shared"]
+    assert (f"local SGD (H = 50) was {local:.4f} and\n  train-apart-then-average-once {apart:.4f}, "
+            f"{(local / diloco - 1) * 100:+.2f} % and {(apart / diloco - 1) * 100:+.2f} % behind DiLoCo at 0.8 "
+            f"({diloco:.4f})") in section
