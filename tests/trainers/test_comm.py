@@ -52,6 +52,17 @@ class SlowLocalComm(Comm):
     _broadcast = _all_gather = _isend = _irecv = _barrier = _unused
 
 
+def test_shutdown_ends_gloos_threads_even_after_an_optimizer_was_made(spawn_ranks, tmp_path):
+    """A group torch._dynamo's first import still holds cannot be freed: its threads then run on
+    into the interpreter's exit, which aborts (SIGABRT) now and then. TorchComm imports it first."""
+    from tests.trainers.workers import gloo_threads_worker
+
+    assert spawn_ranks(gloo_threads_worker, 2, str(tmp_path)) == [0, 0]
+    for rank in range(2):
+        threads = json.loads((tmp_path / f"threads{rank}.json").read_text())
+        assert threads and not [t for t in threads if "gloo" in t], f"rank {rank} still runs {threads}"
+
+
 def test_chained_work_counts_blocked_time_once():
     """A handle derived with then() must not add its inner wait a second time."""
     comm = SlowLocalComm(rank=0, world_size=1)

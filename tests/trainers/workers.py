@@ -94,6 +94,24 @@ def sync_union_worker(rank: int, world_size: int, port: int, out_dir: str, steps
     comm.shutdown()
 
 
+def gloo_threads_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """TorchComm, then what a trainer does after it (an optimizer, whose first use imports
+    torch._dynamo), one all-reduce, shutdown: write the native threads still running."""
+    _init_env(rank, world_size, port)
+    import gc
+
+    from trainers.comm import TorchComm
+
+    comm = TorchComm("gloo", timeout_s=60)
+    model = torch.nn.Linear(4, 4)
+    torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    comm.allreduce_async(torch.ones(8), op="sum").wait()
+    comm.shutdown()
+    gc.collect()
+    threads = sorted(Path(f"/proc/self/task/{task}/comm").read_text().strip() for task in os.listdir("/proc/self/task"))
+    Path(out_dir, f"threads{rank}.json").write_text(json.dumps(threads))
+
+
 def failing_worker(rank: int, world_size: int, port: int, out_dir: str, fail_rank: int, fail_step: int) -> None:
     """Run the real runner with a `sync` subclass that raises on one rank at one step."""
     _init_env(rank, world_size, port)

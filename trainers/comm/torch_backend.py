@@ -16,6 +16,21 @@ _TORCH_OPS = {"sum": "SUM", "avg": "SUM", "max": "MAX", "min": "MIN"}
 BACKGROUND_TAG_BASE = 0x57420000  # "WB": torch.distributed message tags of the background all-reduces
 
 
+def import_dynamo_first() -> None:
+    """Import ``torch._dynamo`` before the process group exists.
+
+    Its first import (which torch.optim's first optimizer, DDP or torch.compile trigger) keeps
+    references to the objects it finds in torch.distributed: imported after
+    ``init_process_group`` it holds the default group, so ``destroy_process_group`` cannot free
+    it. Gloo's threads then outlive the group and are still running when the interpreter
+    exits, where C++ ends them with ``terminate called without an active exception`` (SIGABRT):
+    measured 7 exits in 40 two-rank runs of the `sync` reference test, 0 in 40 with this import
+    first (tests/trainers/test_comm.py checks the threads are gone after shutdown). See
+    pytorch/pytorch#109478 and #190489.
+    """
+    import torch._dynamo  # noqa: F401
+
+
 class TorchComm(Comm):
     """Comm over a torch.distributed process group (gloo or nccl).
 
@@ -37,6 +52,7 @@ class TorchComm(Comm):
         self.device = torch.device(device)
         if not dist.is_initialized():
             require_torchrun_env(os.environ)
+            import_dynamo_first()
             kwargs = {}
             if backend == "nccl":
                 kwargs["device_id"] = self.device
