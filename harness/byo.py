@@ -40,6 +40,11 @@ RANK_PREFIX = re.compile(r"^\[[^\]]*\]:\s*")
 RANK_EXIT = re.compile(r"rank (\d+) exited (-?\d+)")
 # what the reason says of one rank's exit, e.g. "rank 1 exited -9 (injected node_crash at 12.2 s)"
 RANK_EXIT_NOTE = r"rank {rank} exited -?\d+ \(([^)]*)\)"
+# An error that says a peer went away first: the consequence of another rank's failure, not the
+# cause (gloo's "Connection closed by peer ... typically caused by a remote worker crashing",
+# a reset or broken pipe, NCCL's remote error, our tcp comm's PeerLost).
+PEER_LOSS = re.compile(r"closed by peer|reset by peer|Broken pipe|remote (worker|process|peer)|PeerLost"
+                       r"|NCCL.*remote", re.IGNORECASE)
 # How wide the report's table of one job's wire pairs gets.
 MAX_PAIR_ROWS = 12
 
@@ -106,18 +111,25 @@ def error_line(log: Path) -> str:
 
 def first_failed_rank(job_dir: Path, reason: str) -> Optional[tuple[int, int]]:
     """(rank, exit code) of the rank that failed first: of those the job's reason names as
-    exiting in error on their own, the one whose log was last written earliest."""
+    exiting in error on their own, one whose error is not a peer's loss (PEER_LOSS: that is
+    the consequence) and, among those, the one whose log was last written earliest.
+
+    The error comes first because the times alone do not order two ranks that end within a few
+    milliseconds (a crashed rank's log is written as it dies, its peer's as it notices, and a
+    file's time has the kernel's coarse clock)."""
     failed = [(int(rank), int(code)) for rank, code in RANK_EXIT.findall(reason or "") if code != "0"]
     if not failed:
         return None
 
-    def ended(item):
+    def order(item):
+        log = Path(job_dir) / f"rank{item[0]}.log"
         try:
-            return (Path(job_dir) / f"rank{item[0]}.log").stat().st_mtime
+            ended = log.stat().st_mtime
         except OSError:
-            return float("inf")
+            ended = float("inf")
+        return (bool(PEER_LOSS.search(error_line(log))), ended, item[0])
 
-    return min(failed, key=lambda item: (ended(item), item[0]))
+    return min(failed, key=order)
 
 
 def failure_lines(job_dir: Path, status: str, reason: str) -> list[str]:
@@ -130,9 +142,14 @@ def failure_lines(job_dir: Path, status: str, reason: str) -> list[str]:
         return [f"{status}: {reason}"] if reason else [status]
     rank, code = first
     log = Path(job_dir) / f"rank{rank}.log"
-    if code < 0:  # ended by a signal: its log ends wherever it was, the signal is the error
+    if code < 0:  # ended by a signal: its log ends wherever it was, the signal is the error...
         note = re.search(RANK_EXIT_NOTE.format(rank=rank), reason or "")
         line = f"killed by signal {-code}" + (f" ({note.group(1)})" if note else "")
+        raised = error_line(log)
+        if note is None and ERROR_LINE.match(raised):
+            # ...unless it raised first and the signal came as it exited (an abort in a
+            # library's teardown after the traceback): the exception is what went wrong
+            line = f"{raised} (then signal {-code} as it exited)"
     else:
         line = error_line(log) or "(the log is empty)"
     return [f"first failed: rank {rank} (exit {code}), log {log}", f"error: {line}"]

@@ -145,6 +145,30 @@ def test_the_first_failed_rank_is_the_one_whose_log_ended_first(tmp_path):
     assert byo.failure_lines(tmp_path, "failed", crashed)[1] == "error: killed by signal 9 (injected node_crash at 12.2 s)"
 
 
+GLOO_PEER_LOSS = ("[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by "
+                  "peer [10.232.0.2]:27294. This is typically caused by a remote worker crashing.\n")
+
+
+def test_a_rank_that_lost_its_peer_is_not_the_first_to_fail_even_when_its_log_ended_first(tmp_path):
+    """Two ranks that end within the file clock's resolution: the one whose error is its peer's
+    loss is the consequence; the one that raised is named, with its exception though an abort
+    in torch's teardown ended it (exit -6)."""
+    (tmp_path / "rank0.log").write_text(GLOO_PEER_LOSS)
+    (tmp_path / "rank1.log").write_text("[rank1]: RuntimeError: injected failure on rank 1 at step 2\n"
+                                        "terminate called without an active exception\n")
+    os.utime(tmp_path / "rank0.log", (100.0, 100.0))
+    os.utime(tmp_path / "rank1.log", (100.004, 100.004))
+    reason = "rank 0 exited 1; rank 1 exited -6"
+    assert byo.first_failed_rank(tmp_path, reason) == (1, -6)
+    assert byo.failure_lines(tmp_path, "failed", reason) == [
+        f"first failed: rank 1 (exit -6), log {tmp_path / 'rank1.log'}",
+        "error: RuntimeError: injected failure on rank 1 at step 2 (then signal 6 as it exited)"]
+    # when every failed rank lost a peer, the times decide as before
+    (tmp_path / "rank1.log").write_text(GLOO_PEER_LOSS.replace("rank0", "rank1"))
+    os.utime(tmp_path / "rank1.log", (100.004, 100.004))
+    assert byo.first_failed_rank(tmp_path, "rank 0 exited 1; rank 1 exited 1") == (0, 1)
+
+
 def test_sysctl_output_is_parsed():
     assert byo.parse_sysctl("net.ipv4.tcp_congestion_control = bbr\nnet.ipv4.tcp_rmem = 4096\t131072  6291456\n") == {
         "net.ipv4.tcp_congestion_control": "bbr", "net.ipv4.tcp_rmem": "4096 131072 6291456"}

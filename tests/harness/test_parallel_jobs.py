@@ -116,6 +116,12 @@ def test_an_interrupted_parallel_run_stops_its_running_jobs_and_resumes_to_the_s
         raise KeyboardInterrupt  # as Ctrl-C lands in the main thread while the other job runs
 
     monkeypatch.setattr(run_module, "_print_job_line", interrupt_after_first)
+    # Only the first job to start ends on its own: the other is still running when its line
+    # interrupts, the third has just started, the fourth never does (were all quick, the second
+    # could end with the first and both others start before the interrupt).
+    (tmp_path / "gate").mkdir()
+    monkeypatch.setenv("ENGINE_FIRST_ALONE_FAST", str(tmp_path / "gate"))
+    monkeypatch.setenv("ENGINE_SLOW_S", "60")
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         run_module.run_scenario(load_scenario(path), "sim", tmp_path / "killed", console=_quiet(), jobs=2)
@@ -126,8 +132,10 @@ def test_an_interrupted_parallel_run_stops_its_running_jobs_and_resumes_to_the_s
     statuses = {job.name: json.loads((job / "job.json").read_text())["status"]
                 for job in (run_dir / "jobs").glob("*") if (job / "job.json").exists()}
     assert statuses[printed[0]] == "ok" and "interrupted" in statuses.values(), statuses
-    assert len(statuses) < 4  # the jobs not started yet were dropped (no folder, or none with a job.json)
+    # the first ok, the running two interrupted, the fourth (not started) without a job.json
+    assert sorted(statuses.values()) == ["interrupted", "interrupted", "ok"], statuses
     monkeypatch.setattr(run_module, "_print_job_line", original)
+    monkeypatch.delenv("ENGINE_FIRST_ALONE_FAST")
     resumed = run_module.resume_run(run_dir, console=_quiet(), jobs=2)
     pd.testing.assert_frame_equal(_summary(reference.run_dir), _summary(resumed.run_dir))
 

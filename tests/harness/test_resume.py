@@ -46,7 +46,8 @@ SCENARIO = textwrap.dedent("""
 TUNED = SCENARIO.replace("seeds: [0, 1]", "seeds: [0, 1, 2]\ntuning: {grid: {lr: [0.05, 0.1]}, seed: 0}")
 
 # Records from the job's config alone (deterministic): accuracy climbs fastest at the algorithm's
-# best lr and shifts with the seed, so picks and rows differ. ENGINE_PAUSE_S before any record.
+# best lr and shifts with the seed, so picks and rows differ. ENGINE_PAUSE_S before any record;
+# with ENGINE_FIRST_ALONE_FAST set, every job but the first to start waits ENGINE_SLOW_S instead.
 LIGHT_ENGINE = textwrap.dedent('''
     import json, os, sys, time
     from pathlib import Path
@@ -55,7 +56,14 @@ LIGHT_ENGINE = textwrap.dedent('''
     config = json.loads((job / "config.json").read_text())
     sim = json.loads((job / "sim.json").read_text())
     world = len(json.loads(Path(sim["plan"]).read_text())["nodes"])
-    time.sleep(float(os.environ.get("ENGINE_PAUSE_S", "0")))
+    pause = float(os.environ.get("ENGINE_PAUSE_S", "0"))
+    gate = os.environ.get("ENGINE_FIRST_ALONE_FAST")  # a folder: only the first job to start is quick
+    if gate:
+        try:
+            os.close(os.open(os.path.join(gate, "first"), os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            pause = float(os.environ["ENGINE_SLOW_S"])
+    time.sleep(pause)
     name, seed, lr = config["algorithm"]["name"], config["seed"], config.get("lr", 0.05)
     best = 0.05 if name == "sync" else 0.1
     slope = 0.06 if abs(lr - best) < 1e-9 else (0.04 if lr >= 0.1 else 0.02)
