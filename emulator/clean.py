@@ -10,6 +10,10 @@ that started it has ended: a live run's helper is no leftover), cgroups
 `<prefix>-*` (cpu, memory, pids), /etc/netns/<prefix>-* and the run state. Mounts need nothing: a
 node's exist only in its mount namespace, gone with its last process. It never kills by a broad
 process name.
+
+A prefix whose network a run still uses (emulator/helpers.py `network_owner`: the run recorded
+itself before building it) is left alone whole, with a warning: tearing it down under the run
+failed its jobs. A network `wanbench up` built, or one whose run was killed, is removed.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from pathlib import Path
 from pyroute2 import IPRoute
 
 from . import cgroups, netns, nodes
-from .helpers import HELPERS_FOLDER, is_recorded_helper, leftover_helpers, owner_of
+from .helpers import HELPERS_FOLDER, is_recorded_helper, leftover_helpers, network_owner, owner_of
 from .backends import base as backends_base
 from .backends.base import Backend, clear_state
 from .processes import stop_pids
@@ -73,6 +77,11 @@ def leftover_prefixes(pattern: re.Pattern) -> list[str]:
 def clean(prefix: str) -> list[str]:
     """Remove every object with `prefix`; return what was removed (empty when nothing was left)."""
     removed: list[str] = []
+    user = network_owner(prefix)
+    if user is not None:
+        log.warning("left alone: prefix %s, the network of run process %d, which still runs (end that run first)",
+                    prefix, user)
+        return removed
     namespaces = netns.list_namespaces(prefix)
     # Node holders first (found by command line, even when their namespace lost its name): their
     # PID 1 ends every process of its node, daemons included, when it gets SIGTERM.

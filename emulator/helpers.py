@@ -9,6 +9,11 @@ its parent itself), and `clean` finds it here, under the prefix's state folder
 PID and start time of the harness that started it) and ends it by PID after checking that the PID
 is still that process (PIDs get reused). Never by a name. A helper whose harness still runs is not
 a leftover: `clean` leaves it alone (ending it failed that run's job).
+
+The network a run brings up is recorded the same way (`claim_network`: `<state>/<prefix>/owner.json`,
+the run's PID and start time, written before the network is built and removed after it is torn
+down): while that process runs, `clean` leaves the whole prefix alone. A network `wanbench up`
+built has no owner (it outlives the command, for `down` or `clean`).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Optional
 from .files import write_json_atomic
 
 HELPERS_FOLDER = "helpers"
+OWNER_FILE = "owner.json"
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
@@ -91,6 +97,41 @@ def owner_of(prefix: str, pid: int) -> Optional[int]:
     recorded; None when it is gone (the helper is a leftover) or was not recorded."""
     try:
         record = json.loads((helpers_dir(prefix) / f"{pid}.json").read_text())
+        owner, ticks = int(record["owner_pid"]), record["owner_start_ticks"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return owner if ticks is not None and start_ticks(owner) == ticks else None
+
+
+def claim_network(prefix: str, owner: Optional[int] = None) -> Optional[Path]:
+    """Record process `owner` (default this one) as the user of `prefix`'s network, so that `clean`
+    leaves it alone while it runs; the record, or None where the state folder cannot be written."""
+    from .backends.base import Backend
+
+    owner = os.getpid() if owner is None else owner
+    path = Backend.state_dir(prefix) / OWNER_FILE
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, {"owner_pid": owner, "owner_start_ticks": start_ticks(owner)})
+    except OSError:
+        return None
+    return path
+
+
+def release_network(prefix: str) -> None:
+    """Forget the owner of `prefix`'s network (it is down)."""
+    from .backends.base import Backend
+
+    (Backend.state_dir(prefix) / OWNER_FILE).unlink(missing_ok=True)
+
+
+def network_owner(prefix: str) -> Optional[int]:
+    """The PID of the run whose network `prefix` is, while it runs as the process recorded; None when
+    no run claimed it or that run is gone (its network is then a leftover)."""
+    from .backends.base import Backend
+
+    try:
+        record = json.loads((Backend.state_dir(prefix) / OWNER_FILE).read_text())
         owner, ticks = int(record["owner_pid"]), record["owner_start_ticks"]
     except (OSError, ValueError, KeyError, TypeError):
         return None

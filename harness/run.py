@@ -41,6 +41,7 @@ import pandas as pd
 
 from emulator.backends import choose_backend
 from emulator.files import write_json_atomic, write_text_atomic
+from emulator.helpers import claim_network, release_network
 from emulator.measure.verify import VerifyOptions, rate_warnings, verify
 from emulator.plan import make_plan
 from emulator.schema import ConfigError
@@ -757,11 +758,17 @@ def _network_point(scenario: Scenario, point: NetworkPoint, backend_cls, run_dir
     console.print(f"[bold]{point.folder}[/]: {len(plan.nodes)} nodes on "
                   f"{backend.name if backend else 'sim (virtual clock, simulated network)'}")
     network = _PointNetwork(scenario, plan, backend, point_dir, console)
+    if backend is not None:
+        claim_network(plan.prefix)  # `clean` in another terminal leaves it alone while this run lives
     try:
         yield network
     finally:
-        if network.up:
-            backend.down()
+        try:
+            if network.up:
+                backend.down()
+        finally:
+            if backend is not None:
+                release_network(plan.prefix)
 
 
 def _verify_point(scenario: Scenario, plan, point_dir: Path, console) -> None:

@@ -1,6 +1,7 @@
 """`wanbench clean` (emulator/clean.py): what it removes, what it must leave alone, and which
 prefixes it can find leftovers under."""
 
+import os
 import re
 import subprocess
 import sys
@@ -44,6 +45,36 @@ def test_a_live_runs_helper_is_left_alone_and_ended_once_its_run_is_gone(test_pr
             if proc.poll() is None:
                 proc.kill()
             proc.wait(timeout=10)
+
+
+def test_a_live_runs_network_is_left_alone_and_removed_once_its_run_is_gone(test_prefix, caplog):
+    """`clean` in another terminal tore down a running emulated run's network under it; now the
+    run records itself as the network's owner, and clean leaves the prefix alone while it runs."""
+    namespace = f"{test_prefix}-n0"
+    harness = _sleeper()
+    subprocess.run(["ip", "netns", "add", namespace], check=True)
+    try:
+        assert helpers.claim_network(test_prefix, owner=harness.pid) is not None
+        assert helpers.network_owner(test_prefix) == harness.pid
+        with caplog.at_level("WARNING"):
+            assert clean.clean(test_prefix) == []
+        assert namespace in netns.all_namespaces()
+        assert f"left alone: prefix {test_prefix}, the network of run process {harness.pid}" in caplog.text
+        harness.kill()
+        harness.wait(timeout=10)
+        assert helpers.network_owner(test_prefix) is None
+        assert clean.clean(test_prefix) == [f"namespace {namespace}"]
+        assert namespace not in netns.all_namespaces() and not Backend.state_dir(test_prefix).exists()
+        helpers.claim_network(test_prefix)  # this process: released, the prefix is anyone's again
+        assert helpers.network_owner(test_prefix) == os.getpid()
+        helpers.release_network(test_prefix)
+        assert helpers.network_owner(test_prefix) is None
+    finally:
+        if harness.poll() is None:
+            harness.kill()
+        harness.wait(timeout=10)
+        helpers.release_network(test_prefix)
+        clean.clean(test_prefix)
 
 
 def test_leftover_prefixes_finds_a_test_prefixs_namespace_and_state_folder_and_clean_empties_it(test_prefix):

@@ -121,6 +121,15 @@ def test_sigterm_during_run_tears_down_and_keeps_records(test_prefix, write_yaml
                    if '"kind": "step"' in p.read_text()]
         time.sleep(0.5)
     assert records, "training never started"
+    # `clean` from another terminal while the run lives leaves its network and processes alone
+    built = leftovers(test_prefix)
+    assert any(item.startswith("netns") for item in built), built
+    cleaned = subprocess.run(wanbench_argv("clean"), capture_output=True, text=True, timeout=60)
+    assert cleaned.returncode == 0 and f"the network of run process {proc.pid}" in cleaned.stderr, cleaned.stderr
+    assert leftovers(test_prefix) == built
+    steps = records[0].read_text().count('"kind": "step"')
+    time.sleep(2.0)
+    assert proc.poll() is None and records[0].read_text().count('"kind": "step"') > steps  # it goes on training
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
