@@ -54,20 +54,28 @@ def our_background_pids(prefix: str) -> list[int]:
     return pids
 
 
+def _etc_folders(prefix: str | None = None) -> list[Path]:
+    """/etc/netns folders `<prefix>-*` (every one with a dash in its name: prefix None)."""
+    if not netns.NETNS_ETC_DIR.is_dir():
+        return []
+    return sorted(netns.NETNS_ETC_DIR.glob(f"{prefix}-*" if prefix else "*-*"))
+
+
+def _cgroups(prefix: str | None = None) -> list[Path]:
+    """Cgroups `<prefix>-*` under every root of CGROUP_ROOTS (every one with a dash: prefix None)."""
+    return [group for root in CGROUP_ROOTS if root.is_dir()
+            for group in sorted(root.glob(f"{prefix}-*" if prefix else "*-*")) if group.is_dir()]
+
+
 def leftover_prefixes(pattern: re.Pattern) -> list[str]:
     """Prefixes matching `pattern` (whole) under which something of ours is still on the system.
 
-    Looks where `clean` removes: named namespaces and /etc/netns folders `<prefix>-*`, cgroups
-    `<prefix>-*`, state folders `<state root>/<prefix>` (node holders and background processes name
-    theirs, so a live one keeps its folder). Host links are not read: their names carry the prefix
-    with no separator, so a prefix cannot be told from the rest of the name.
+    Looks where `clean` removes, through the same look-ups: named namespaces, /etc/netns folders
+    and cgroups `<prefix>-*`, state folders `<state root>/<prefix>` (node holders and background
+    processes name theirs, so a live one keeps its folder). Host links are not read: their names
+    carry the prefix with no separator, so a prefix cannot be told from the rest of the name.
     """
-    names: set[str] = set(netns.all_namespaces())
-    if netns.NETNS_ETC_DIR.is_dir():
-        names.update(entry.name for entry in netns.NETNS_ETC_DIR.iterdir())
-    for root in CGROUP_ROOTS:
-        if root.is_dir():
-            names.update(entry.name for entry in root.iterdir() if entry.is_dir())
+    names = [*netns.all_namespaces(), *(path.name for path in _etc_folders() + _cgroups())]
     found = {name.split("-", 1)[0] for name in names if "-" in name}
     if backends_base.STATE_ROOT.is_dir():
         found.update(entry.name for entry in backends_base.STATE_ROOT.iterdir() if entry.is_dir())
@@ -112,18 +120,16 @@ def clean(prefix: str) -> list[str]:
                     removed.append(f"link {name}")
                 except Exception:  # already gone with its peer  # noqa: BLE001
                     pass
-    for folder in netns.NETNS_ETC_DIR.glob(f"{prefix}-*") if netns.NETNS_ETC_DIR.exists() else []:
+    for folder in _etc_folders(prefix):
         shutil.rmtree(folder, ignore_errors=True)
         removed.append(f"folder {folder}")
-    for root in CGROUP_ROOTS:
-        if root.is_dir():
-            for group in root.glob(f"{prefix}-*"):
-                try:
-                    # rmdir once empty; the processes just killed may take a moment to leave it
-                    cgroups.remove(group, timeout_s=2.0)
-                    removed.append(f"cgroup {group}")
-                except OSError:
-                    pass
+    for group in _cgroups(prefix):
+        try:
+            # rmdir once empty; the processes just killed may take a moment to leave it
+            cgroups.remove(group, timeout_s=2.0)
+            removed.append(f"cgroup {group}")
+        except OSError:
+            pass
     clear_state(prefix)
     folder = Backend.state_dir(prefix)
     # Logs and counters of networks that are gone: files, not system objects, so not counted. A
