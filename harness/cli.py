@@ -20,6 +20,7 @@ from emulator import cgroups
 from emulator import clean as clean_mod
 from emulator.backends import REGISTRY, BackendUnavailable, choose_backend, read_state
 from emulator.dilation import check_time_dilation
+from emulator.helpers import network_owner
 from emulator.netns import SystemCheckError, check_root, exec_argv
 from emulator.plan import TEST_PREFIX_PATTERN, Plan, checked_prefix, make_plan, prefix
 from emulator.schema import ConfigError
@@ -113,6 +114,10 @@ def cmd_up(args) -> int:
 
 
 def cmd_down(args) -> int:
+    user = network_owner(prefix())
+    if user is not None:  # a run's network: tearing it down under the run fails its jobs
+        raise SystemCheckError(f"the network under prefix {prefix()!r} belongs to run process {user}, which "
+                               f"still runs: end that run (Ctrl-C, or kill {user}); it takes its network down")
     state = read_state(prefix())
     if state is None:
         stderr_console().print(f"no network is up under prefix {prefix()!r} (leftovers: 'wanbench clean')")

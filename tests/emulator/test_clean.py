@@ -10,6 +10,7 @@ import time
 import pytest
 
 from emulator import clean, helpers, netns
+from harness import cli
 from emulator.backends.base import Backend
 from emulator.plan import TEST_PREFIX_PATTERN
 from emulator.processes import alive, wait_gone
@@ -47,7 +48,7 @@ def test_a_live_runs_helper_is_left_alone_and_ended_once_its_run_is_gone(test_pr
             proc.wait(timeout=10)
 
 
-def test_a_live_runs_network_is_left_alone_and_removed_once_its_run_is_gone(test_prefix, caplog):
+def test_a_live_runs_network_is_left_alone_and_removed_once_its_run_is_gone(test_prefix, caplog, capsys):
     """`clean` in another terminal tore down a running emulated run's network under it; now the
     run records itself as the network's owner, and clean leaves the prefix alone while it runs."""
     namespace = f"{test_prefix}-n0"
@@ -59,10 +60,13 @@ def test_a_live_runs_network_is_left_alone_and_removed_once_its_run_is_gone(test
         with caplog.at_level("WARNING"):
             assert clean.clean(test_prefix) == []
         assert namespace in netns.all_namespaces()
+        assert cli.main(["down"]) != 0   # `wanbench down` refuses it too, naming the run
+        assert f"belongs to run process {harness.pid}, which still runs" in capsys.readouterr().err
         assert f"left alone: prefix {test_prefix}, the network of run process {harness.pid}" in caplog.text
         harness.kill()
         harness.wait(timeout=10)
         assert helpers.network_owner(test_prefix) is None
+        assert cli.main(["down"]) == 0   # no network recorded up: nothing to do (the namespace is clean's)
         assert clean.clean(test_prefix) == [f"namespace {namespace}"]
         assert namespace not in netns.all_namespaces() and not Backend.state_dir(test_prefix).exists()
         helpers.claim_network(test_prefix)  # this process: released, the prefix is anyone's again
