@@ -92,15 +92,20 @@ def leftover_helpers(prefix: str) -> list[int]:
     return pids
 
 
-def owner_of(prefix: str, pid: int) -> Optional[int]:
-    """The PID of the harness that started recorded helper `pid`, if it still runs as the process
-    recorded; None when it is gone (the helper is a leftover) or was not recorded."""
+def _live_owner(record_path: Path) -> Optional[int]:
+    """The owner a record names (owner_pid, owner_start_ticks), if it still runs as that process."""
     try:
-        record = json.loads((helpers_dir(prefix) / f"{pid}.json").read_text())
+        record = json.loads(Path(record_path).read_text())
         owner, ticks = int(record["owner_pid"]), record["owner_start_ticks"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return owner if ticks is not None and start_ticks(owner) == ticks else None
+
+
+def owner_of(prefix: str, pid: int) -> Optional[int]:
+    """The PID of the harness that started recorded helper `pid`, if it still runs as the process
+    recorded; None when it is gone (the helper is a leftover) or was not recorded."""
+    return _live_owner(helpers_dir(prefix) / f"{pid}.json")
 
 
 def claim_network(prefix: str, owner: Optional[int] = None) -> Optional[Path]:
@@ -130,12 +135,7 @@ def network_owner(prefix: str) -> Optional[int]:
     no run claimed it or that run is gone (its network is then a leftover)."""
     from .backends.base import Backend
 
-    try:
-        record = json.loads((Backend.state_dir(prefix) / OWNER_FILE).read_text())
-        owner, ticks = int(record["owner_pid"]), record["owner_start_ticks"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return owner if ticks is not None and start_ticks(owner) == ticks else None
+    return _live_owner(Backend.state_dir(prefix) / OWNER_FILE)
 
 
 def is_recorded_helper(prefix: str):
