@@ -592,13 +592,14 @@ def test_whole_split_table_is_of_the_committed_jobs():
         assert table.loc[label, "loss_full"] == pytest.approx(group["loss_full"].median())
 
 
-def test_swarmsgd_averages_csv_agrees_with_its_evidence(tmp_path):
+@pytest.mark.parametrize("name", ["swarmsgd-fmnist16", "swarmsgd-fmnist-nodes"])
+def test_swarmsgd_averages_csv_agrees_with_its_evidence(tmp_path, name):
     """bench/bench_swarmsgd_paper.py's committed CSV (the averages per node need the run folders'
     every-rank records, which are not committed): its summary columns equal the evidence's
     summaries job for job, and its counting sums the step records' per-step syncs_applied."""
     bench = bench_module("bench_swarmsgd_paper")
-    folder = PAPERS_ROOT / "swarmsgd-fmnist16"
-    rows = pd.read_csv(folder / "swarmsgd-fmnist16.csv")
+    folder = PAPERS_ROOT / name
+    rows = pd.read_csv(folder / f"{name}.csv")
     summaries = {run.name: pd.read_csv(run / "summary.csv") for run in folder.iterdir() if (run / "summary.csv").is_file()}
     assert set(rows["run"].astype(str)) == set(summaries)
     for row in rows.to_dict("records"):
@@ -647,6 +648,11 @@ def test_swarmsgd_figure_is_drawn_from_the_evidence_with_its_seed_bands(tmp_path
     assert {"sync", "swarmsgd", "local_sgd-H4", "local_sgd-H16-ring", "local_only"} <= labels
     assert sum(c.get_gid() == BAND_GID for c in by_step.collections) == 5
     assert sum(line.get_gid() == FIRST_SYNC_GID for line in by_step.get_lines()) == 5
+    # runs that split the labels (the data-centre control and its sync) drawn as one, by base label
+    figure = bench.draw([SWARM_DC / run for run in SWARM_DC_RUNS], tmp_path / "dc.png")
+    lines = {line.get_label() for line in figure.axes[0].get_lines() if not line.get_label().startswith("_")}
+    assert {"sync", "swarmsgd", "local_sgd-H4"} <= lines
+    assert sum(c.get_gid() == BAND_GID for c in figure.axes[0].collections) == 3
 
 
 SWARM_DC = PAPERS_ROOT / "swarmsgd-fmnist16"
