@@ -60,17 +60,25 @@ def base_label(label: str) -> str:
 
 
 def paired(rows: list[dict], reference: str = "sync") -> list[dict]:
-    """Each non-reference label against the reference seed by seed, per network point (rows of
-    every run given, by base label; a seed both have): speedup = the reference's time to target /
-    the label's (NaN where either never reached it), accuracy_delta = the label's final accuracy -
-    the reference's. Returns one row per (network, label): its seeds, the median and range of both,
-    and how many seeds reached the target (the median speedup is NaN unless all did)."""
+    """Each non-reference label against the reference seed by seed, per node count and network
+    point (rows of every run given, by base label; a seed both have): speedup = the reference's
+    time to target / the label's (NaN where either never reached it), accuracy_delta = the label's
+    final accuracy - the reference's. A label's seed given twice (same node count, network, base
+    label and seed) is taken from the later row: runs are given in order, so a pick an edge check
+    moved, reported by a later run, replaces the first pick's jobs (said on stdout). Returns one
+    row per (nodes, network, label): its seeds, the median and range of both, and how many seeds
+    reached the target (the median speedup is NaN unless all did)."""
     by_key: dict[tuple, dict[int, dict]] = {}
     for row in rows:
-        by_key.setdefault((row.get("network"), base_label(row["label"])), {})[int(row["seed"])] = row
+        seeds = by_key.setdefault((row.get("nodes"), row.get("network"), base_label(row["label"])), {})
+        if int(row["seed"]) in seeds:   # a later run's job replaces it: a pick an edge check moved
+            replaced = seeds[int(row["seed"])]
+            print(f"  (paired: {row['label']} seed {row['seed']} of run {row.get('run')} replaces "
+                  f"{replaced['label']} of run {replaced.get('run')})")
+        seeds[int(row["seed"])] = row
     out = []
-    for (network, label), seeds in by_key.items():
-        ref = by_key.get((network, reference))
+    for (nodes, network, label), seeds in by_key.items():
+        ref = by_key.get((nodes, network, reference))
         if label == reference or ref is None:
             continue
         common = sorted(set(seeds) & set(ref))
@@ -79,7 +87,7 @@ def paired(rows: list[dict], reference: str = "sync") -> list[dict]:
         speedups = [number(ref[s]["time_to_target_s"]) / number(seeds[s]["time_to_target_s"]) for s in common]
         deltas = [number(seeds[s]["final_accuracy"]) - number(ref[s]["final_accuracy"]) for s in common]
         reached = [x for x in speedups if x == x]
-        out.append({"network": network, "label": label, "seeds": common, "reached": len(reached),
+        out.append({"nodes": nodes, "network": network, "label": label, "seeds": common, "reached": len(reached),
                     "speedup_median": statistics.median(speedups) if len(reached) == len(common) else float("nan"),
                     "speedup_min": min(reached, default=float("nan")), "speedup_max": max(reached, default=float("nan")),
                     "accuracy_delta_median": statistics.median(deltas), "accuracy_delta_min": min(deltas),
@@ -100,6 +108,7 @@ def rows_of(run_dir: Path, name: str | None = None) -> list[dict]:
             raise SystemExit(f"{job_dir}: no rank<N>.jsonl (a run folder, not its evidence, is needed)")
         rows.append({"run": name or run_dir.name, "label": entry["label"], "seed": int(entry["seed"]),
                      "phase": entry.get("phase") or "reported", "network": entry["network"],
+                     "nodes": int(entry["nodes"]),
                      **{key: entry[key] for key in COLUMNS[3:8]},
                      "averages_per_node_median": statistics.median(per_rank),
                      "averages_per_node_min": min(per_rank), "averages_per_node_max": max(per_rank),
@@ -189,7 +198,7 @@ def main(argv=None) -> int:
     if pairs:
         print("\nagainst sync, seed by seed (sync's time to target / the label's; accuracy difference):")
         for pair in pairs:
-            print(f"  {pair['network']} {pair['label']}: seeds {pair['seeds']}, reached {pair['reached']} of {len(pair['seeds'])}, "
+            print(f"  {pair['nodes']} nodes, {pair['network']}, {pair['label']}: seeds {pair['seeds']}, reached {pair['reached']} of {len(pair['seeds'])}, "
                   f"speedup {pair['speedup_median']:.2f}x ({pair['speedup_min']:.2f}-{pair['speedup_max']:.2f}), "
                   f"accuracy {100 * pair['accuracy_delta_median']:+.2f} pp "
                   f"({100 * pair['accuracy_delta_min']:+.2f} to {100 * pair['accuracy_delta_max']:+.2f})")

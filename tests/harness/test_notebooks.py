@@ -19,8 +19,10 @@ ROOT = NOTEBOOKS.parent
 DEFAULTS = {
     "dts_speedup_vs_latency": (["results/papers/dts-90x/", "results/papers/dts-fmnist/", "results/papers/dts-lm/"], 5),
     "p3_throughput_vs_bandwidth": (["results/papers/p3/"], 1),
-    # SwarmSGD: one figure per run with a label of >= 3 seeds (main, -edge, -outstanding, -long), then bytes
-    "swarmsgd_time_to_accuracy": (["results/papers/swarmsgd-fmnist16/"], 5),
+    # SwarmSGD: one figure per run with a label of >= 3 seeds, a run's "-controls" with it, then bytes, per
+    # folder: 16 nodes (main, -edge, -outstanding, -long, -dc with -dc-controls), 4 and 8 nodes (n4, n8,
+    # their local_only at its moved pick, n4 on tun)
+    "swarmsgd_time_to_accuracy": (["results/papers/swarmsgd-fmnist16/", "results/papers/swarmsgd-fmnist-nodes/"], 12),
     "eawild_async_vs_sync": ([f"results/papers/eawild-sweep/{run}" for run in (
         "20261126-182918", "20261126-184521", "20261126-185917", "20261126-185842", "20261126-185844")], 2),
     # DiLoCo: one figure per folder's main run, and one for the runs made again on a second VM (-rerun)
@@ -36,7 +38,8 @@ LABELS = {"diloco_loss_vs_tokens": ["localsgd-H50", "avgonce", "diloco-H50-int8-
                                     "localsgd-H50-shared", "avgonce-shared", "streaming-H50-F2-t4-int4-shared-om0.8",
                                     "streaming-F2-t1-int8-ring-shared-om0.95", "streaming-F2-t1-int8-ring-shared-om0.98",
                                     "streaming-H50-F2-t4-int4-shared-om0.98", "streaming-H50-F2-t4-int4-shared-om0.99"],
-          "swarmsgd_time_to_accuracy": ["swarmsgd-out16", "sync-lr0.025", "averages_per_node_median"]}
+          "swarmsgd_time_to_accuracy": ["swarmsgd-out16", "sync-lr0.025", "averages_per_node_median",
+                                        "local_only-lr0.0125", "20261128-170048-n4-tun"]}
 
 
 @pytest.mark.parametrize("name", NAMES)
