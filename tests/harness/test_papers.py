@@ -700,6 +700,36 @@ def test_swarmsgd_data_centre_control_is_recomputed_from_its_evidence():
             f"at equal epochs (worst seed {100 * swarm['accuracy_delta_min']:+.2f} pp)") in row
 
 
+@pytest.mark.parametrize("heading, runs, quoted", [
+    ("#### The positive control: the same comparison in one data centre", [SWARM_DC / r for r in SWARM_DC_RUNS],
+     {"swarmsgd": "first average at step {first} in every seed and {before} averages applied before 85 %",
+      "local_sgd-H4": "local SGD {before} averages before it, sync", "sync": "sync {before} exchanges"}),
+    ("#### At 4 and 8 nodes, and at 4 on the emulator",
+     [PAPERS_ROOT / "swarmsgd-fmnist-nodes" / r for r in ("20261128-161241-n4", "20261128-161242-n8")],
+     {"swarmsgd": "first average at step\n  {first} at 4 nodes and {first_2} at 8, and {before} and {before_2} averages",
+      "local_sgd-H4": "local SGD {before_all} averages before it"}),
+])
+def test_swarmsgd_mechanism_acts_before_the_target_as_quoted(heading, runs, quoted):
+    """The first average and the averages applied before the target, as RESULTS quotes them, from
+    the committed summaries (ranges over seeds 1-3; for two runs, each run's range in turn)."""
+    def span(values: list):
+        low, high = int(min(values)), int(max(values))
+        return f"{low}" if low == high else f"{low}-{high}"
+
+    base_label = bench_module("bench_swarmsgd_paper").base_label
+    text = results_subsection(heading)
+    for label, template in quoted.items():
+        per_run = [[r for r in swarm_rows([run]) if base_label(r["label"]) == label] for run in runs]
+        per_run = [rows for rows in per_run if rows]
+        spans = {"before_all": span([r["syncs_before_target"] for rows in per_run for r in rows])}
+        for index, rows in enumerate(per_run):
+            suffix = "" if index == 0 else f"_{index + 1}"
+            spans[f"first{suffix}"] = span([r["first_sync_step"] for r in rows])
+            spans[f"before{suffix}"] = span([r["syncs_before_target"] for r in rows])
+            assert all(r["syncs_before_target"] > 0 for r in rows)   # the mechanism acted before 85 %
+        assert template.format(**spans) in text, template.format(**spans)
+
+
 def test_bench_pairs_labels_by_seed_across_runs_and_tuning_suffixes():
     bench = bench_module("bench_swarmsgd_paper")
     rows = [{"label": "sync-lr0.05", "seed": 1, "time_to_target_s": 10.0, "final_accuracy": 0.88},
