@@ -14,17 +14,18 @@ nbformat = pytest.importorskip("nbformat", reason="notebook tests need nbformat 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 ROOT = NOTEBOOKS.parent
 # notebook -> (the folders its RESULTS_DIRS names by default, the figures it draws from them:
-# DTS: dts-90x's speedup vs latency and its two network points' curves, dts-fmnist's and dts-lm's
-# curves; EA-wild: the crossover and the same with the TCP window kept)
+# DTS: dts-90x's speedup vs latency and its two network points' curves, dts-fmnist's, dts-fmnist-wide's and dts-lm's
+# curves; EA-wild: the crossover, the same with the TCP window kept, and 16 workers re-tuned)
 DEFAULTS = {
-    "dts_speedup_vs_latency": (["results/papers/dts-90x/", "results/papers/dts-fmnist/", "results/papers/dts-lm/"], 5),
+    "dts_speedup_vs_latency": (["results/papers/dts-90x/", "results/papers/dts-fmnist/", "results/papers/dts-fmnist-wide/",
+                                "results/papers/dts-lm/"], 6),
     "p3_throughput_vs_bandwidth": (["results/papers/p3/"], 1),
     # SwarmSGD: one figure per run with a label of >= 3 seeds, a run's "-controls" with it, then bytes, per
     # folder: 16 nodes (main, -edge, -outstanding, -long, -dc with -dc-controls, -bbr), 4 and 8 nodes
     # (n4, n8, their local_only at its moved pick, n4 on tun, n4 with BBR)
     "swarmsgd_time_to_accuracy": (["results/papers/swarmsgd-fmnist16/", "results/papers/swarmsgd-fmnist-nodes/"], 14),
     "eawild_async_vs_sync": ([f"results/papers/eawild-sweep/{run}" for run in (
-        "20261126-182918", "20261126-184521", "20261126-185917", "20261126-185842", "20261126-185844")], 2),
+        "20261126-182918", "20261126-184521", "20261126-185917", "20261126-185842", "20261126-185844")], 3),
     # DiLoCo: one figure per folder's main run, and one for the runs made again on a second VM (-rerun)
     "diloco_loss_vs_tokens": (["results/papers/diloco-lm/", "results/papers/diloco-lm-warm/",
                                "results/papers/diloco-lm-b64/"], 4),

@@ -272,7 +272,7 @@ def test_dts_wider_protocol_is_quoted_from_its_tuning():
     bench/tuning_table.py makes it from the committed tuning.json, every pick but local_only's (no lr
     reaches the target) and local SGD's period inside its grid, and each DTS label's corrections
     before the target at least 20 in every seed that reached it (the mechanism acts first)."""
-    folder = PAPERS_ROOT / "dts-fmnist" / "20261207-163102-wide"
+    folder = PAPERS_ROOT / "dts-fmnist-wide" / "20261207-163102-wide"
     table_module = bench_module("tuning_table")
     rows = table_module.rows([folder])
     section = RESULTS_MD.read_text().split("#### Under a wider protocol", 1)[1].split("\n**The language model", 1)[0]
