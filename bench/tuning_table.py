@@ -7,6 +7,11 @@ it), the pick in bold, and whether the pick sits at an edge of the grid (where t
 one step past it). Several folders: their labels side by side in one table (e.g. a stage that tuned
 one parameter, then one that tuned another at the first's pick).
 
+A folder without tuning.json (a run whose labels state their lr, e.g. one step past a grid's edge:
+`eawild-t1-a0.9-c150-lr0.1`) is read from its summary.csv and scenario.json: the labels that differ
+only in their `-lr<value>` suffix form one row, ranked by the rule of harness/tuning.py (time to
+target, then accuracy at the step budget), marked "ranked here".
+
     .venv/bin/python bench/tuning_table.py results/papers/eawild-sweep/20261207-162714-tune-w16 [...]
 """
 
@@ -18,9 +23,14 @@ import math
 import sys
 from pathlib import Path
 
+import pandas as pd
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # harness, run from anywhere
 
 from harness.rundir import TUNING_FILE  # noqa: E402
+from harness.tuning import pick as rank_pick  # noqa: E402
+
+SUMMARY_FILE, SCENARIO_FILE = "summary.csv", "scenario.json"
 
 
 def _value(values: dict) -> str:
@@ -38,11 +48,60 @@ def cell(candidate: dict) -> str:
     return f"{time:.1f} s"
 
 
+def _number(value):
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
+
+
+def stated_lr_tuning(folder: Path, by: str = "time_to_target") -> dict:
+    """A run without `tuning:` whose labels state their lr, as a tuning.json would hold it: per
+    (network, label without its `-lr<value>` suffix) its jobs on the first seed as candidates, the
+    pick by harness/tuning.py's rule `by` (accuracy compared at the step budget every job shares)."""
+    spec = json.loads((folder / SCENARIO_FILE).read_text())["spec"]
+    lrs = {entry.get("label") or entry["name"]: (entry.get("workload") or {}).get("lr", spec["workload"]["lr"])
+           for entry in spec["algorithms"]}
+    summary = pd.read_csv(folder / SUMMARY_FILE)
+    summary = summary[summary["seed"] == summary["seed"].min()]
+    groups: dict = {}
+    for record in summary.to_dict("records"):
+        lr = lrs[record["label"]]
+        base = record["label"].removesuffix(f"-lr{lr:g}")
+        groups.setdefault((record["network"], base), []).append(
+            {"values": {"lr": lr}, "job_id": f"{record['network']}-{record['label']}-seed{record['seed']}",
+             "status": record["status"], "time_to_target_s": _number(record["time_to_target_s"]),
+             "accuracy_at_budget": _number(record["accuracy_at_step_budget"]), "loss_at_budget": None})
+    picks = []
+    for (network, label), candidates in groups.items():
+        chosen = rank_pick(pd.DataFrame(candidates), by)
+        picks.append({"network": network, "label": label, "candidates": candidates, "ranked_here": True,
+                      "pick": candidates[chosen]["values"] if chosen is not None else None})
+    return {"grid": {}, "by": by, "picks": picks}
+
+
+def tuning_of(folder: Path) -> dict:
+    """The folder's tuning.json, or for a run without one its stated-lr jobs ranked here."""
+    if (folder / TUNING_FILE).is_file():
+        return json.loads((folder / TUNING_FILE).read_text())
+    return stated_lr_tuning(folder)
+
+
+def picks(folders: list[Path]) -> pd.DataFrame:
+    """One row per (folder, network, label): its pick's values and the picked candidate's scores."""
+    out = []
+    for folder in folders:
+        for group in tuning_of(folder)["picks"]:
+            chosen = [c for c in group["candidates"] if c["values"] == group["pick"]]
+            scores = {key: chosen[0].get(key) if chosen else None
+                      for key in ("status", "time_to_target_s", "accuracy_at_budget", "loss_at_budget")}
+            out.append({"folder": folder.name, "network": group["network"], "label": group["label"],
+                        **(group["pick"] or {}), **scores})
+    return pd.DataFrame(out)
+
+
 def rows(folders: list[Path]) -> list[dict]:
     """One row per (folder, network, label): its candidates' cells by grid value, its pick and edge."""
     out = []
     for folder in folders:
-        tuning = json.loads((folder / TUNING_FILE).read_text())
+        tuning = tuning_of(folder)
         grid = tuning["grid"]
         for group in tuning["picks"]:
             cells = {_value(c["values"]): cell(c) for c in group["candidates"]}
@@ -51,9 +110,14 @@ def rows(folders: list[Path]) -> list[dict]:
             if picked in cells:
                 cells[picked] = f"**{cells[picked]}**"
             edge = []
-            for key, values in grid.items():
+            own = grid  # a label ranked here: its own lrs are its grid
+            if group.get("ranked_here"):
+                own = {"lr": sorted(c["values"]["lr"] for c in group["candidates"])}
+            for key, values in own.items():
                 if pick and key in pick and pick[key] in (min(values), max(values)) and len(values) > 1:
                     edge.append(f"{key} at the grid's {'lower' if pick[key] == min(values) else 'upper'} edge")
+            if group.get("ranked_here"):
+                edge.append("ranked here (no tuning.json)")
             out.append({"folder": folder.name, "network": group["network"], "label": group["label"],
                         "cells": cells, "pick": picked, "edge": "; ".join(edge)})
     return out
@@ -63,10 +127,12 @@ def markdown(table: list[dict]) -> str:
     columns = []
     for row in table:
         columns += [c for c in row["cells"] if c not in columns]
-    lines = ["| label | " + " | ".join(columns) + " | pick | edge |",
-             "|---|" + "---|" * (len(columns) + 2)]
+    networks = len({row["network"] for row in table}) > 1  # one network point: no column for it
+    lines = ["| " + ("network | " if networks else "") + "label | " + " | ".join(columns) + " | pick | edge |",
+             "|---|" + "---|" * (len(columns) + 2 + networks)]
     for row in table:
-        lines.append(f"| {row['label']} | " + " | ".join(row["cells"].get(c, "") for c in columns)
+        lines.append("| " + (f"{row['network']} | " if networks else "") + f"{row['label']} | "
+                     + " | ".join(row["cells"].get(c, "") for c in columns)
                      + f" | {row['pick'] or 'none'} | {row['edge'] or '-'} |")
     return "\n".join(lines)
 
@@ -75,9 +141,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folders", nargs="+", type=Path, help="run or evidence folders holding tuning.json")
     args = parser.parse_args(argv)
-    missing = [str(f) for f in args.folders if not (f / TUNING_FILE).is_file()]
+    missing = [str(f) for f in args.folders
+               if not (f / TUNING_FILE).is_file() and not (f / SUMMARY_FILE).is_file()]
     if missing:
-        parser.error(f"no {TUNING_FILE} in: {', '.join(missing)}")
+        parser.error(f"neither {TUNING_FILE} nor {SUMMARY_FILE} in: {', '.join(missing)}")
     print(markdown(rows(args.folders)))
     return 0
 

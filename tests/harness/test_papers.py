@@ -209,15 +209,9 @@ EAWILD_SYNC_RETUNING, EAWILD_SYNC_RETUNED = "20261207-175215-tune-w16-sync", "20
 
 def eawild_retuning_picks() -> pd.DataFrame:
     """One row per configuration of EA-wild's re-tuning at 16 workers and 150 ms (tau, alpha): its
-    lr pick by the run's own tuning.json and that pick's scores on the tuning seed."""
-    rows = []
-    for name in EAWILD_RETUNING:
-        tuning = json.loads((PAPERS_ROOT / "eawild-sweep" / name / "tuning.json").read_text())
-        for group in tuning["picks"]:
-            (chosen,) = [c for c in group["candidates"] if c["values"] == group["pick"]]
-            rows.append({"label": group["label"], "lr": group["pick"]["lr"], "status": chosen["status"],
-                         **{key: chosen[key] for key in ("time_to_target_s", "accuracy_at_budget", "loss_at_budget")}})
-    return pd.DataFrame(rows)
+    lr pick by the run's own tuning.json and that pick's scores on the tuning seed
+    (bench/tuning_table.py's picks, which the RESULTS table is printed by)."""
+    return bench_module("tuning_table").picks([PAPERS_ROOT / "eawild-sweep" / name for name in EAWILD_RETUNING])
 
 
 def test_eawild_retuned_at_16_workers_is_recomputed_from_its_evidence():
@@ -275,6 +269,14 @@ def test_tuning_table_marks_each_pick_and_its_edge():
     assert rows["local_sgd-H8"]["pick"] == "lr 0.1" and rows["local_sgd-H8"]["edge"] == "lr at the grid's upper edge"
     text = table_module.markdown(list(rows.values()))
     assert text.splitlines()[0] == "| label | lr 0.05 | lr 0.1 | lr 0.2 | pick | edge |"
+    # a run without tuning.json whose labels state their lr (one step past the wide run's edges):
+    # its labels grouped by the lr suffix and ranked by harness/tuning.py's rule here, each label's
+    # own lrs its grid (local_only's one lr at no edge)
+    stated = {row["label"]: row for row in table_module.rows([PAPERS_ROOT / "dts-fmnist-wide" / "20261207-175215-edge"])}
+    assert set(stated) == {"local_only", "local_sgd-H64"}
+    assert stated["local_sgd-H64"]["cells"] == {"lr 0.025": "8.4 s", "lr 0.05": "**7.9 s**", "lr 0.1": "8.4 s"}
+    assert stated["local_sgd-H64"]["edge"] == stated["local_only"]["edge"] == "ranked here (no tuning.json)"
+    assert stated["local_only"]["cells"] == {"lr 0.0125": "**never (78.6 %)**"}
 
 
 def test_dts_wider_protocol_is_quoted_from_its_tuning():
