@@ -39,7 +39,8 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # harness, run from anywhere
 
-LABEL = re.compile(r"^(sync|eawild|localsgd|localonly)-c(\d+)$")
+# a control's label may name its period (localsgd-H2-c150: the reported seeds of a tuning run)
+LABEL = re.compile(r"^(sync|eawild|localsgd|localonly)(?:-H\d+)?-c(\d+)$")
 CONTROLS = ("localsgd", "localonly")   # local SGD at EA-wild's period; train apart, average once
 
 
@@ -52,7 +53,14 @@ def load(run_dirs: list[Path]) -> pd.DataFrame:
     rows = pd.concat(frames, ignore_index=True)
     parsed = rows["label"].str.extract(LABEL)
     rows = rows.assign(algorithm_=parsed[0], compute_ms=pd.to_numeric(parsed[1]))
-    return rows.dropna(subset=["algorithm_"])
+    rows = rows.dropna(subset=["algorithm_"])
+    twice = rows[rows.duplicated(["workers", "algorithm_", "compute_ms", "seed"], keep=False)]
+    if len(twice):  # e.g. two runs' sync at one point, or local SGD at two periods
+        first = twice.iloc[0]
+        raise SystemExit(f"{first['algorithm_']} at {first['compute_ms']:g} ms, seed {first['seed']}, "
+                         f"is in more than one of the runs given ({', '.join(sorted(set(twice['run'])))}): "
+                         "give one run per algorithm and compute point")
+    return rows
 
 
 def crossing(points: list[tuple[float, float]]) -> float | None:

@@ -85,48 +85,89 @@ def tuning_of(folder: Path) -> dict:
 
 
 def picks(folders: list[Path]) -> pd.DataFrame:
-    """One row per (folder, network, label): its pick's values and the picked candidate's scores."""
+    """One row per (network, label), as rows() merges them: its pick's values and the picked
+    candidate's scores."""
     out = []
-    for folder in folders:
-        for group in tuning_of(folder)["picks"]:
-            chosen = [c for c in group["candidates"] if c["values"] == group["pick"]]
-            scores = {key: chosen[0].get(key) if chosen else None
-                      for key in ("status", "time_to_target_s", "accuracy_at_budget", "loss_at_budget")}
-            out.append({"folder": folder.name, "network": group["network"], "label": group["label"],
-                        **(group["pick"] or {}), **scores})
+    for folder_names, _, group in _merged(folders):
+        chosen = [c for c in group["candidates"] if c["values"] == group["pick"]]
+        scores = {key: chosen[0].get(key) if chosen else None
+                  for key in ("status", "time_to_target_s", "accuracy_at_budget", "loss_at_budget")}
+        out.append({"folder": folder_names, "network": group["network"], "label": group["label"],
+                    **(group["pick"] or {}), **scores})
     return pd.DataFrame(out)
 
 
-def rows(folders: list[Path]) -> list[dict]:
-    """One row per (folder, network, label): its candidates' cells by grid value, its pick and edge."""
-    out = []
+def _merged(folders: list[Path]) -> list[tuple[str, dict, dict]]:
+    """(folder names, grid, group) per (network, label): a label tuned in several folders (a grid,
+    then one step past its edge) is one group, its candidates together and its pick made again over
+    all of them by harness/tuning.py's rule (the rule every folder's own pick used)."""
+    merged: dict = {}
     for folder in folders:
         tuning = tuning_of(folder)
-        grid = tuning["grid"]
         for group in tuning["picks"]:
-            cells = {_value(c["values"]): cell(c) for c in group["candidates"]}
-            pick = group.get("pick")
-            picked = _value(pick) if pick else None
-            if picked in cells:
-                cells[picked] = f"**{cells[picked]}**"
-            edge = []
-            own = grid  # a label ranked here: its own lrs are its grid
-            if group.get("ranked_here"):
-                own = {"lr": sorted(c["values"]["lr"] for c in group["candidates"])}
-            for key, values in own.items():
-                if pick and key in pick and pick[key] in (min(values), max(values)) and len(values) > 1:
-                    edge.append(f"{key} at the grid's {'lower' if pick[key] == min(values) else 'upper'} edge")
-            if group.get("ranked_here"):
-                edge.append("ranked here (no tuning.json)")
-            out.append({"folder": folder.name, "network": group["network"], "label": group["label"],
-                        "cells": cells, "pick": picked, "edge": "; ".join(edge)})
+            key = (group["network"], group["label"])
+            if key not in merged:
+                merged[key] = ([folder.name], dict(tuning["grid"]), dict(group, candidates=list(group["candidates"])))
+                continue
+            names, grid, first = merged[key]
+            names.append(folder.name)
+            first["candidates"] += group["candidates"]
+            for name, values in tuning["grid"].items():
+                grid[name] = sorted(set(grid.get(name, [])) | set(values))
+            first["ranked_here"] = True
+    out = []
+    for names, grid, group in merged.values():
+        if len(names) > 1:
+            chosen = rank_pick(pd.DataFrame(group["candidates"]), "time_to_target")
+            group["pick"] = group["candidates"][chosen]["values"] if chosen is not None else None
+            group["merged"] = len(names)
+        out.append((" + ".join(names), grid, group))
     return out
+
+
+def rows(folders: list[Path]) -> list[dict]:
+    """One row per (network, label): its candidates' cells by grid value, its pick and edge (a label
+    in several folders: one row, its candidates from all of them)."""
+    out = []
+    for folder_names, grid, group in _merged(folders):
+        cells = {_value(c["values"]): cell(c) for c in group["candidates"]}
+        pick = group.get("pick")
+        picked = _value(pick) if pick else None
+        if picked in cells:
+            cells[picked] = f"**{cells[picked]}**"
+        edge = []
+        own = grid  # a label ranked here: its own lrs are its grid
+        if group.get("ranked_here"):
+            own = {"lr": sorted({c["values"]["lr"] for c in group["candidates"]})}
+        for key, values in own.items():
+            if pick and key in pick and pick[key] in (min(values), max(values)) and len(values) > 1:
+                edge.append(f"{key} at the grid's {'lower' if pick[key] == min(values) else 'upper'} edge")
+        if group.get("merged"):
+            edge.append(f"ranked here over {group['merged']} runs")
+        elif group.get("ranked_here"):
+            edge.append("ranked here (no tuning.json)")
+        out.append({"folder": folder_names, "network": group["network"], "label": group["label"],
+                    "cells": cells, "pick": picked, "edge": "; ".join(edge)})
+    return out
+
+
+def _order(column: str) -> tuple:
+    """A column ("lr 0.1, H 4") as its numbers in order, for sorting; unparsable values last."""
+    parts = []
+    for part in column.split(", "):
+        key, _, value = part.partition(" ")
+        try:
+            parts.append((key, 0, float(value)))
+        except ValueError:
+            parts.append((key, 1, 0.0))
+    return tuple(parts)
 
 
 def markdown(table: list[dict]) -> str:
     columns = []
     for row in table:
         columns += [c for c in row["cells"] if c not in columns]
+    columns.sort(key=_order)  # lr 0.005 before lr 0.02, whichever folder listed it first
     networks = len({row["network"] for row in table}) > 1  # one network point: no column for it
     lines = ["| " + ("network | " if networks else "") + "label | " + " | ".join(columns) + " | pick | edge |",
              "|---|" + "---|" * (len(columns) + 2 + networks)]
