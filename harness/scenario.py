@@ -169,7 +169,8 @@ class TuningSettings(BaseModel):
     """`tuning:`: one tuning protocol for every algorithm of the scenario (sync included).
 
     grid: dotted workload key -> values (e.g. {lr: [0.01, 0.03, 0.1]}); every algorithm label at
-        every network point runs every combination on the tuning seed.
+        every network point runs every combination on the tuning seed. An integer stays an integer
+        (lr_schedule.warmup_steps: [25, 50]), a float a float.
     seed: the tuning seed (one of `seeds`); the other seeds are the reported ones, each label run
         with its pick.
     by: the rule that picks a label's candidate (harness/tuning.py): time_to_target (shortest;
@@ -182,7 +183,7 @@ class TuningSettings(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid")
-    grid: dict[str, list[float]] = Field(min_length=1)
+    grid: dict[str, list[Union[int, float]]] = Field(min_length=1)
     seed: int
     by: Literal["time_to_target", "accuracy_at_budget", "loss"] = "time_to_target"
     linear_scaling: bool = True

@@ -95,6 +95,18 @@ def test_the_tuning_phase_runs_every_algorithm_at_every_grid_value_on_the_tuning
     assert groups["local_sgd"].candidates == [{"lr": 0.05}, {"lr": 0.1}]
 
 
+def test_an_integer_grid_key_reaches_the_trainer_as_an_integer(write_yaml):
+    """A warm-up's length is a number of steps: the grid keeps 25 an int (a float 25.0 is refused by
+    the trainer's config) and the lr a float, and the label states both."""
+    text = SCENARIO.replace("grid: {lr: [0.05, 0.1]}, seed: 0}",
+                            "grid: {lr: [0.1], lr_schedule.warmup_steps: [2, 4]}, seed: 0, linear_scaling: false}")
+    scenario = _load(write_yaml, text)
+    sync = sorted((job for job in scenario.jobs if job.algorithm == "sync"), key=lambda job: job.label)
+    assert [job.label for job in sync] == ["sync-lr0.1-warmup_steps2", "sync-lr0.1-warmup_steps4"]
+    assert [job.trainer.lr_schedule.warmup_steps for job in sync] == [2, 4]
+    assert all(type(job.tuned["lr_schedule.warmup_steps"]) is int and job.trainer.lr == 0.1 for job in sync)
+
+
 def test_the_reported_phase_runs_the_other_seeds_at_the_pick(write_yaml):
     group = next(g for g in _load(write_yaml).tuning_groups if g.label == "sync")
     reported = group.reported_jobs({"lr": 0.2})
