@@ -7,9 +7,9 @@ it), the pick in bold, and whether the pick sits at an edge of the grid (where t
 one step past it). Several folders: their labels side by side in one table (e.g. a stage that tuned
 one parameter, then one that tuned another at the first's pick).
 
-A folder without tuning.json (a run whose labels state their lr, e.g. one step past a grid's edge:
-`eawild-t1-a0.9-c150-lr0.1`) is read from its summary.csv and scenario.json: the labels that differ
-only in their `-lr<value>` suffix form one row, ranked by the rule of harness/tuning.py (time to
+A folder without tuning.json (a run whose entries differ in their lr, e.g. one step past a grid's
+edge: `eawild-t1-a0.9-c150-lr0.1`) is read from its summary.csv and scenario.json: the entries that
+differ only in their workload's lr form one row, ranked by the rule of harness/tuning.py (time to
 target, then accuracy at the step budget), marked "ranked here".
 
     .venv/bin/python bench/tuning_table.py results/papers/eawild-sweep/20261207-162714-tune-w16 [...]
@@ -28,7 +28,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # harness, run from anywhere
 
 from harness.rundir import TUNING_FILE  # noqa: E402
-from harness.tuning import pick as rank_pick  # noqa: E402
+from harness.tuning import pick as rank_pick, score  # noqa: E402
 
 SUMMARY_FILE, SCENARIO_FILE = "summary.csv", "scenario.json"
 
@@ -48,31 +48,35 @@ def cell(candidate: dict) -> str:
     return f"{time:.1f} s"
 
 
-def _number(value):
-    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
-
-
 def stated_lr_tuning(folder: Path, by: str = "time_to_target") -> dict:
-    """A run without `tuning:` whose labels state their lr, as a tuning.json would hold it: per
-    (network, label without its `-lr<value>` suffix) its jobs on the first seed as candidates, the
-    pick by harness/tuning.py's rule `by` (accuracy compared at the step budget every job shares)."""
+    """A run without `tuning:` whose entries differ in their lr, as a tuning.json would hold it: per
+    network point and algorithm entry less its lr (name, params, the rest of its workload: what the
+    scenario says, not what its label says) its jobs on the first seed as candidates, the pick by
+    harness/tuning.py's rule `by` (accuracy compared at the step budget every job shares). A group
+    is named by its first label without a `-lr<value>` suffix, where it has one."""
     spec = json.loads((folder / SCENARIO_FILE).read_text())["spec"]
-    lrs = {entry.get("label") or entry["name"]: (entry.get("workload") or {}).get("lr", spec["workload"]["lr"])
-           for entry in spec["algorithms"]}
+    entries = {}
+    for entry in spec["algorithms"]:
+        workload = dict(entry.get("workload") or {})
+        lr = workload.pop("lr", spec["workload"]["lr"])
+        identity = json.dumps([entry["name"], entry.get("params") or {}, workload], sort_keys=True)
+        entries[entry.get("label") or entry["name"]] = (lr, identity)
     summary = pd.read_csv(folder / SUMMARY_FILE)
     summary = summary[summary["seed"] == summary["seed"].min()]
     groups: dict = {}
     for record in summary.to_dict("records"):
-        lr = lrs[record["label"]]
-        base = record["label"].removesuffix(f"-lr{lr:g}")
-        groups.setdefault((record["network"], base), []).append(
+        lr, identity = entries[record["label"]]
+        group = groups.setdefault((record["network"], identity),
+                                  {"label": record["label"].removesuffix(f"-lr{lr:g}"), "candidates": []})
+        group["candidates"].append(
             {"values": {"lr": lr}, "job_id": f"{record['network']}-{record['label']}-seed{record['seed']}",
-             "status": record["status"], "time_to_target_s": _number(record["time_to_target_s"]),
-             "accuracy_at_budget": _number(record["accuracy_at_step_budget"]), "loss_at_budget": None})
+             "status": record["status"], "time_to_target_s": score(record["time_to_target_s"]),
+             "accuracy_at_budget": score(record["accuracy_at_step_budget"]), "loss_at_budget": None})
     picks = []
-    for (network, label), candidates in groups.items():
+    for (network, _), group in groups.items():
+        candidates = group["candidates"]
         chosen = rank_pick(pd.DataFrame(candidates), by)
-        picks.append({"network": network, "label": label, "candidates": candidates, "ranked_here": True,
+        picks.append({"network": network, "label": group["label"], "candidates": candidates, "ranked_here": True,
                       "pick": candidates[chosen]["values"] if chosen is not None else None})
     return {"grid": {}, "by": by, "picks": picks}
 
@@ -100,25 +104,28 @@ def picks(folders: list[Path]) -> pd.DataFrame:
 def _merged(folders: list[Path]) -> list[tuple[str, dict, dict]]:
     """(folder names, grid, group) per (network, label): a label tuned in several folders (a grid,
     then one step past its edge) is one group, its candidates together and its pick made again over
-    all of them by harness/tuning.py's rule (the rule every folder's own pick used)."""
+    all of them by the rule (`by`) every folder's own pick used; folders tuned by different rules
+    are refused (one pick cannot honour two)."""
     merged: dict = {}
     for folder in folders:
         tuning = tuning_of(folder)
         for group in tuning["picks"]:
             key = (group["network"], group["label"])
             if key not in merged:
-                merged[key] = ([folder.name], dict(tuning["grid"]), dict(group, candidates=list(group["candidates"])))
+                merged[key] = ([folder.name], dict(tuning["grid"]), tuning["by"],
+                               dict(group, candidates=list(group["candidates"])))
                 continue
-            names, grid, first = merged[key]
+            names, _, by, first = merged[key]
+            if tuning["by"] != by:
+                raise SystemExit(f"{group['label']} is tuned by {by} in {names[0]} and by {tuning['by']} in "
+                                 f"{folder.name}: one pick cannot follow two rules")
             names.append(folder.name)
             first["candidates"] += group["candidates"]
-            for name, values in tuning["grid"].items():
-                grid[name] = sorted(set(grid.get(name, [])) | set(values))
             first["ranked_here"] = True
     out = []
-    for names, grid, group in merged.values():
+    for names, grid, by, group in merged.values():
         if len(names) > 1:
-            chosen = rank_pick(pd.DataFrame(group["candidates"]), "time_to_target")
+            chosen = rank_pick(pd.DataFrame(group["candidates"]), by)
             group["pick"] = group["candidates"][chosen]["values"] if chosen is not None else None
             group["merged"] = len(names)
         out.append((" + ".join(names), grid, group))
@@ -136,9 +143,10 @@ def rows(folders: list[Path]) -> list[dict]:
         if picked in cells:
             cells[picked] = f"**{cells[picked]}**"
         edge = []
-        own = grid  # a label ranked here: its own lrs are its grid
+        own = grid  # a label ranked here (merged, or no tuning.json): the values its candidates tried
         if group.get("ranked_here"):
-            own = {"lr": sorted({c["values"]["lr"] for c in group["candidates"]})}
+            own = {key: sorted({c["values"][key] for c in group["candidates"] if key in c["values"]})
+                   for key in dict.fromkeys(k for c in group["candidates"] for k in c["values"])}
         for key, values in own.items():
             if pick and key in pick and pick[key] in (min(values), max(values)) and len(values) > 1:
                 edge.append(f"{key} at the grid's {'lower' if pick[key] == min(values) else 'upper'} edge")

@@ -58,7 +58,7 @@ TIE_BREAK = {
 SCORE_COLUMNS = ("time_to_target_s", "accuracy_at_budget", "loss_at_budget")
 
 
-def _number(value) -> Optional[float]:
+def score(value) -> Optional[float]:
     """A score as a float, None where there is none (NaN, None, not a number)."""
     try:
         number = float(value)
@@ -79,10 +79,10 @@ def rank_candidates(candidates: pd.DataFrame, by: str) -> list:
 
     def order(item):
         position, (index, row) = item
-        usable = row.get("status") == "ok" and _number(row.get(keys[0][0])) is not None
+        usable = row.get("status") == "ok" and score(row.get(keys[0][0])) is not None
         parts = [0 if usable else 1]
         for column, higher in keys:
-            value = _number(row.get(column))
+            value = score(row.get(column))
             parts += [1, 0.0] if value is None else [0, -value if higher else value]
         return (*parts, position)
 
@@ -126,10 +126,10 @@ def candidate_scores(frames: RunFrames, jobs: list[Job]) -> pd.DataFrame:
             progress = (ev["step"] + 1) if on_steps else ev["train_time_s"]
             loss = loss_at(ev, progress, budget.compared_at() if budget is not None else None)
         rows.append({"job_id": job["job_id"], "status": summary["status"],
-                     "time_to_target_s": _number(summary["time_to_target_s"]),
-                     "accuracy_at_budget": _number(compared),
-                     "loss_at_budget": _number(loss),
-                     "final_accuracy": _number(summary["final_accuracy"])})
+                     "time_to_target_s": score(summary["time_to_target_s"]),
+                     "accuracy_at_budget": score(compared),
+                     "loss_at_budget": score(loss),
+                     "final_accuracy": score(summary["final_accuracy"])})
     found = pd.DataFrame(rows, columns=["job_id", "status", *SCORE_COLUMNS, "final_accuracy"]).set_index("job_id")
     return found.reindex([i for i in ids if i in found.index])
 
@@ -177,7 +177,7 @@ def _pick_record(group: TuningGroup, scores: pd.DataFrame, values: dict, chosen)
     candidates = []
     for job_id, row in scores.iterrows():
         candidate = {"values": values[job_id], "job_id": job_id, "status": row["status"],
-                     **{column: _number(row[column]) for column in (*SCORE_COLUMNS, "final_accuracy")}}
+                     **{column: score(row[column]) for column in (*SCORE_COLUMNS, "final_accuracy")}}
         lr = values[job_id].get("lr")
         if group.linear_scaled is not None and lr == group.linear_scaled["lr"] and lr not in grid_lr:
             candidate["linear_scaling"] = True  # added for the larger global batch, not in the grid

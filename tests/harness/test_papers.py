@@ -341,6 +341,37 @@ def test_tuning_table_marks_each_pick_and_its_edge():
     assert stated["local_only"]["cells"] == {"lr 0.0125": "**never (78.6 %)**"}
 
 
+def _stated_run(folder, entries, rows):
+    folder.mkdir()
+    (folder / "scenario.json").write_text(json.dumps({"spec": {"workload": {"lr": 0.05}, "algorithms": entries}}))
+    pd.DataFrame(rows, columns=["network", "label", "seed", "status", "time_to_target_s",
+                                "accuracy_at_step_budget"]).to_csv(folder / "summary.csv", index=False)
+    return folder
+
+
+def test_tuning_table_groups_a_run_by_its_entries_not_its_labels_and_keeps_one_rule(tmp_path):
+    """A run without tuning.json: entries that differ only in their lr are one row whatever their
+    labels say (here none states its lr), entries with other params are another; a label tuned in
+    two folders by different rules is refused rather than picked by one of them."""
+    table_module = bench_module("tuning_table")
+    entries = [{"name": "local_sgd", "label": "fast", "params": {"H": 8}, "workload": {"lr": 0.1}},
+               {"name": "local_sgd", "label": "slow", "params": {"H": 8}},
+               {"name": "local_sgd", "label": "other", "params": {"H": 16}, "workload": {"lr": 0.1}}]
+    run = _stated_run(tmp_path / "run", entries, [("d1", "fast", 0, "ok", 5.0, 0.8), ("d1", "slow", 0, "ok", 4.0, 0.8),
+                                                  ("d1", "other", 0, "ok", 3.0, 0.8), ("d1", "fast", 1, "ok", 1.0, 0.9)])
+    rows = {row["label"]: row for row in table_module.rows([run])}
+    assert set(rows) == {"fast", "other"}  # fast and slow: one entry at two lrs; seed 1 left out
+    assert rows["fast"]["cells"] == {"lr 0.05": "**4.0 s**", "lr 0.1": "5.0 s"}
+    assert rows["fast"]["edge"].startswith("lr at the grid's lower edge")
+    tuned = tmp_path / "tuned"
+    tuned.mkdir()
+    (tuned / "tuning.json").write_text(json.dumps({"grid": {"lr": [0.2]}, "by": "accuracy_at_budget", "picks": [
+        {"network": "d1", "label": "fast", "pick": {"lr": 0.2},
+         "candidates": [{"values": {"lr": 0.2}, "status": "ok", "time_to_target_s": 9.0, "accuracy_at_budget": 0.9}]}]}))
+    with pytest.raises(SystemExit, match="fast is tuned by time_to_target in run and by accuracy_at_budget in tuned"):
+        table_module.rows([run, tuned])
+
+
 def test_dts_wider_protocol_is_quoted_from_its_tuning():
     """The DTS subsection "Under a wider protocol" prints its tuning table exactly as
     bench/tuning_table.py makes it from the committed tuning.json, every pick but local_only's (no lr
