@@ -9,7 +9,8 @@ reached it, speedup in time over the baseline per seed (the baseline's time / th
 seed), steps/s over the baseline, accuracy at the step budget and its difference from the
 baseline's in points, and, with ``--reference LABEL``, the reference's time / the label's per seed
 (above 1: the label is faster than the reference in that seed). A label whose run had no baseline
-gets the output-averaging charge the baseline's run made (charge_output_sync), marked *.
+gets the output-averaging charge the baseline's run made (harness/results.py
+charge_output_sync_from), marked *.
 
     .venv/bin/python bench/paired_seeds.py results/papers/dts-fmnist-wide/20261207-163102-wide \\
         results/papers/dts-fmnist-wide/20261207-200924-edge2 --reference dts-p16-t64
@@ -24,6 +25,10 @@ from pathlib import Path
 
 import pandas as pd
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # harness, run from anywhere
+
+from harness.results import charge_output_sync_from  # noqa: E402
+
 
 def load(run_dirs: list[Path]) -> pd.DataFrame:
     """The reported rows of every run's summary.csv (a run without tuning: all its rows), with its run."""
@@ -37,26 +42,13 @@ def load(run_dirs: list[Path]) -> pd.DataFrame:
 
 
 def charge_output_sync(rows: pd.DataFrame, baseline: str = "sync") -> pd.DataFrame:
-    """A run without the baseline leaves output_sync_s empty: the harness charges the one
-    all-reduce that makes a mean-of-replicas output (local SGD, DTS, local_only) at sync's measured
-    blocked step of the same run, network point and seed (harness/results.py _add_output_sync), and
-    a run without sync has nothing to measure it by. Such rows get the charge the baseline's run
-    made at the same network point and seed (the same model on the same network), added to their
-    time to target; `output_sync_charged` marks them."""
-    rows = rows.copy()
-    rows["output_sync_charged"] = False
+    """The rows of runs without the baseline charged the output's average as the baseline's run
+    charged it, same network point and seed (harness/results.py charge_output_sync_from)."""
     runs = rows.loc[rows["label"] == baseline, "run"]
-    if runs.empty or "output_sync_s" not in rows:
-        return rows
-    home = rows[(rows["run"] == runs.iloc[0]) & (rows["output_sync_s"] > 0)]
-    charges = home.groupby(["network", "seed"])["output_sync_s"].median()
-    for index, row in rows[rows["output_sync_s"].isna()].iterrows():
-        key = (row["network"], row["seed"])
-        if key in charges.index:
-            rows.at[index, "output_sync_s"] = charges[key]
-            rows.at[index, "time_to_target_s"] = row["time_to_target_s"] + charges[key]
-            rows.at[index, "output_sync_charged"] = True
-    return rows
+    if runs.empty:
+        return rows.assign(output_sync_charged=False)
+    home = runs.iloc[0]
+    return charge_output_sync_from(rows, rows[rows["run"] == home])
 
 
 def _spread(values, fmt: str = "{:.1f}") -> str:

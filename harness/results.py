@@ -827,6 +827,29 @@ def _add_output_sync(table: pd.DataFrame, replica_output: list[bool], median_blo
             table.at[index, "time_to_target_s"] = row["time_to_target_s"] + cost
 
 
+def charge_output_sync_from(rows: pd.DataFrame, reference: pd.DataFrame) -> pd.DataFrame:
+    """`rows` (summary rows of runs that had no sync: output_sync_s empty where the output is the
+    mean of replicas) charged the output's average that `reference` (a finished run's summary, with
+    sync) charged at the same network point and seed: the same all-reduce of the same model on the
+    same network, measured there (_add_output_sync), added to time_to_target_s. A run made later to
+    step one past a grid's edge has no sync of its own; its labels are only comparable with the
+    reference's once they pay what the reference's labels paid. `output_sync_charged` marks the
+    rows charged; a (network, seed) the reference never charged is left as it was."""
+    rows = rows.copy()
+    rows["output_sync_charged"] = False
+    if "output_sync_s" not in rows or "output_sync_s" not in reference:
+        return rows
+    paid = reference[pd.to_numeric(reference["output_sync_s"], errors="coerce") > 0]
+    charges = paid.groupby(["network", "seed"])["output_sync_s"].median()
+    for index, row in rows[rows["output_sync_s"].isna()].iterrows():
+        key = (row["network"], row["seed"])
+        if key in charges.index:
+            rows.at[index, "output_sync_s"] = charges[key]
+            rows.at[index, "time_to_target_s"] = row["time_to_target_s"] + charges[key]
+            rows.at[index, "output_sync_charged"] = True
+    return rows
+
+
 def _add_compute_comm_ratio(table: pd.DataFrame, median_blocked: list[Optional[float]]) -> None:
     """compute_comm_ratio: a job's median compute per step over one all-reduce of the model on its
     network (sync's median blocked step: sync_reference; none without a sync job that blocked)."""

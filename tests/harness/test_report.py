@@ -19,7 +19,7 @@ import pytest
 from harness import cli
 from emulator.plan import make_plan
 from harness.report import load_results, network_axes, write_report
-from harness.results import load_run, summarize
+from harness.results import charge_output_sync_from, load_run, summarize
 from harness.scenario import Job, NetworkPoint, ScenarioFile, load_scenario
 from emulator.schema import ConfigError
 from emulator.topology import topology_from_dict
@@ -273,6 +273,12 @@ def test_time_to_target_of_a_mean_of_replicas_includes_one_measured_all_reduce(t
     # Without a sync job the cost is unknown: left empty, and not added.
     alone = summarize(load_run(write_run(tmp_path / "alone", jobs[1:2], target_accuracy=0.9)))
     assert pd.isna(alone.loc[0, "output_sync_s"]) and alone.loc[0, "time_to_target_s"] == pytest.approx(5.0)
+    # ... until a run with sync on the same network and seed lends its measurement
+    charged = charge_output_sync_from(alone, table.reset_index())
+    assert charged.loc[0, "output_sync_s"] == pytest.approx(0.9) and bool(charged.loc[0, "output_sync_charged"])
+    assert charged.loc[0, "time_to_target_s"] == pytest.approx(5.0 + 0.9)
+    elsewhere = charge_output_sync_from(alone, table.reset_index().assign(seed=7))  # another seed: nothing lent
+    assert pd.isna(elsewhere.loc[0, "output_sync_s"]) and not elsewhere["output_sync_charged"].any()
 
 
 def test_budget_beyond_the_run_is_refused(write_yaml):
