@@ -63,11 +63,23 @@ def load(run_dirs: list[Path]) -> pd.DataFrame:
     return rows
 
 
+def _speedup(sync_s: float, other_s: float) -> float:
+    """sync's time over the other's, same seed: 0 where the other missed the target, infinite where
+    only sync missed it (a sync seed that diverged is a win for the other, not a seed left out),
+    NaN where both missed it."""
+    if pd.isna(other_s):
+        return math.nan if pd.isna(sync_s) else 0.0
+    return math.inf if pd.isna(sync_s) else sync_s / other_s
+
+
 def crossing(points: list[tuple[float, float]]) -> float | None:
-    """The compute (ms) where speedup crosses 1 going from > 1 to <= 1, interpolated in log(ms)."""
+    """The compute (ms) where speedup crosses 1 going from > 1 to <= 1, interpolated in log(ms)
+    (from an infinite speedup, sync missing the target: the point where it is <= 1)."""
     points = sorted((c, s) for c, s in points if s is not None and not math.isnan(s))
     for (c0, s0), (c1, s1) in zip(points, points[1:]):
         if s0 > 1 >= s1:
+            if math.isinf(s0):  # sync missed the target at c0: no line to interpolate along
+                return c1
             x0, x1 = math.log(c0), math.log(c1)
             return math.exp(x0 + (x1 - x0) * (s0 - 1) / (s0 - s1))
     return None
@@ -91,7 +103,7 @@ def table(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str], dict]:
             speedups = []
             for seed in seeds:
                 s, w = sync.loc[(compute, seed)], wild.loc[(compute, seed)]
-                ratio = s["time_to_target_s"] / w["time_to_target_s"] if pd.notna(w["time_to_target_s"]) else 0.0
+                ratio = _speedup(s["time_to_target_s"], w["time_to_target_s"])
                 speedups.append(ratio)
                 per_seed.setdefault(seed, []).append((compute, ratio))
             deltas = [(wild.loc[(compute, s)]["accuracy_at_step_budget"] - sync.loc[(compute, s)]["accuracy_at_step_budget"]) * 100
@@ -103,8 +115,8 @@ def table(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str], dict]:
                 if compute not in control.index.get_level_values(0):
                     continue
                 ran = [seed for seed in seeds if (compute, seed) in control.index]
-                ratios = [sync.loc[(compute, seed)]["time_to_target_s"] / control.loc[(compute, seed)]["time_to_target_s"]
-                          if pd.notna(control.loc[(compute, seed)]["time_to_target_s"]) else 0.0 for seed in ran]
+                ratios = [_speedup(sync.loc[(compute, seed)]["time_to_target_s"], control.loc[(compute, seed)]["time_to_target_s"])
+                          for seed in ran]
                 gaps = [(control.loc[(compute, seed)]["accuracy_at_step_budget"]
                          - sync.loc[(compute, seed)]["accuracy_at_step_budget"]) * 100 for seed in ran]
                 against[f"{name}_speedup_median"] = float(pd.Series(ratios).median())
@@ -115,6 +127,7 @@ def table(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str], dict]:
                 "compute_over_comm": compute / 1e3 / comm_s,
                 "sync_time_to_target_s": float(sync.loc[compute]["time_to_target_s"].median()),
                 "eawild_time_to_target_s": float(wild.loc[compute]["time_to_target_s"].median()),
+                "sync_reached": int(sync.loc[compute]["time_to_target_s"].notna().sum()),
                 "eawild_reached": int(wild.loc[compute]["time_to_target_s"].notna().sum()),
                 "speedup_median": median, "speedup_min": min(speedups), "speedup_max": max(speedups),
                 "sync_steps_per_s": float(sync.loc[compute]["steps_per_s"].median()),

@@ -311,6 +311,17 @@ def test_eawild_settled_at_16_workers_is_ahead_of_sync_and_behind_local_sgd():
         assert f"{point['speedup_median']:.2f}x ({point['speedup_min']:.2f}-{point['speedup_max']:.2f}) at {compute:g} ms" in section
 
 
+def test_eawild_crossover_counts_a_sync_seed_that_missed_the_target_as_a_win_not_a_gap():
+    """Sync at a large lr collapses in some seeds (10 % accuracy): EA-wild's speedup there is
+    infinite, not a NaN that min() and max() would read in whatever order the seeds came; where both
+    missed it the seed has no ratio; a crossing from an infinite speedup is the next point."""
+    crossover = bench_module("eawild_crossover")
+    assert crossover._speedup(math.nan, 20.0) == math.inf and crossover._speedup(30.0, math.nan) == 0.0
+    assert math.isnan(crossover._speedup(math.nan, math.nan)) and crossover._speedup(30.0, 20.0) == 1.5
+    assert crossover.crossing([(150, math.inf), (400, 0.8)]) == 400
+    assert crossover.crossing([(150, 1.2), (400, math.nan), (1000, 0.9)]) == pytest.approx(150 * (1000 / 150) ** (0.2 / 0.3))
+
+
 def test_eawild_crossover_refuses_two_runs_at_one_point():
     """Two runs with sync at the same compute point and seed (sync at lr 0.05 and again at 0.07)
     would be mixed into one median: bench/eawild_crossover.py names the point and the runs."""
