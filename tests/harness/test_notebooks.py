@@ -14,11 +14,11 @@ nbformat = pytest.importorskip("nbformat", reason="notebook tests need nbformat 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 ROOT = NOTEBOOKS.parent
 # notebook -> (the folders its RESULTS_DIRS names by default, the figures it draws from them:
-# DTS: dts-90x's speedup vs latency and its two network points' curves, dts-fmnist's, dts-fmnist-wide's and dts-lm's
+# DTS: dts-90x's speedup vs latency and its two network points' curves, dts-fmnist's, dts-fmnist-wide's, dts-fmnist-long's and dts-lm's
 # curves; EA-wild: the crossover, the same with the TCP window kept, and 16 workers re-tuned)
 DEFAULTS = {
     "dts_speedup_vs_latency": (["results/papers/dts-90x/", "results/papers/dts-fmnist/", "results/papers/dts-fmnist-wide/",
-                                "results/papers/dts-lm/"], 6),
+                                "results/papers/dts-fmnist-long/", "results/papers/dts-lm/"], 7),
     "p3_throughput_vs_bandwidth": (["results/papers/p3/"], 1),
     # SwarmSGD: one figure per run with a label of >= 3 seeds, a run's "-controls" with it, then bytes, per
     # folder: 16 nodes (main, -edge, -outstanding, -long, -dc with -dc-controls, -bbr), 4 and 8 nodes
