@@ -350,6 +350,22 @@ def test_eawild_sync_with_a_warm_up_is_level_where_it_survives_and_collapses_in_
     assert min(low) > 1.15 and 0.9 < min(high) and max(high) < 1.1
 
 
+def test_eawild_settled_lead_falls_with_compute_from_50_ms():
+    """Sync at its settled lr 0.07 run at 50 ms too: EA-wild's median lead over it falls at every
+    step up in compute (50 ms to 1 s) and stays above 1 in every seed, as RESULTS quotes."""
+    folder = PAPERS_ROOT / "eawild-sweep"
+    crossover = bench_module("eawild_crossover")
+    frame, _, crossed = crossover.table(crossover.load(
+        [folder / EAWILD_SETTLED[1], folder / EAWILD_SETTLED[0], folder / "20261208-004241-w16-sync07-c50"]))
+    frame = frame.set_index("compute_ms")
+    assert list(frame.index) == [50, 150, 400, 1000] and not crossed
+    assert frame["speedup_median"].is_monotonic_decreasing and (frame["speedup_min"] > 1).all()
+    section = RESULTS_MD.read_text().split("**At 50 ms**", 1)[1].split("**With the TCP window kept", 1)[0]
+    at50 = frame.loc[50]
+    assert f"EA-wild {at50['speedup_median']:.2f}x ({at50['speedup_min']:.2f}-{at50['speedup_max']:.2f}) sync" in section
+    assert ", ".join(f"{value:.2f}x" for value in frame["speedup_median"]) in section
+
+
 def test_eawild_crossover_counts_a_sync_seed_that_missed_the_target_as_a_win_not_a_gap():
     """Sync at a large lr collapses in some seeds (10 % accuracy): EA-wild's speedup there is
     infinite, not a NaN that min() and max() would read in whatever order the seeds came; where both
